@@ -1,0 +1,42 @@
+"""hf_eagle2: EAGLE-2 dynamic-tree speculative decoding inside Hugging Face `transformers` generate().
+
+    import hf_eagle2
+    draft = hf_eagle2.EagleDraftModel.from_pretrained("model_cards/smollm2-135m-instruct-eagle2")
+    out = model.generate(input_ids, assistant_model=draft, tree="eagle2", max_new_tokens=256)
+"""
+
+from transformers import AutoConfig, AutoModel
+
+from .candidate_generator import EagleCandidateGenerator, TreeOptions
+from .configuration_eagle import EagleConfig
+from .decoding import EagleGenerateOutput, eagle_generate
+from .integration import register, unregister
+from .modeling_eagle import EagleDraftModel
+from .stats import EagleStats
+from .tree import EAGLE1_TREE, DraftTree, build_dynamic_tree, build_static_tree
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EAGLE1_TREE",
+    "DraftTree",
+    "EagleCandidateGenerator",
+    "EagleConfig",
+    "EagleDraftModel",
+    "EagleGenerateOutput",
+    "EagleStats",
+    "TreeOptions",
+    "build_dynamic_tree",
+    "build_static_tree",
+    "eagle_generate",
+    "register",
+    "unregister",
+]
+
+try:
+    AutoConfig.register("eagle", EagleConfig)
+    AutoModel.register(EagleConfig, EagleDraftModel)
+except ValueError:  # already registered (module reloaded)
+    pass
+
+register()

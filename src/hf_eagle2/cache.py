@@ -1,0 +1,68 @@
+"""Tree-aware KV-cache pruning over `transformers` caches.
+
+After a tree pass, every layer holds the q tree entries after the prefix. `prune_tree_cache` keeps the root and
+the accepted path, moves them to the front of the tree block (they sit at non-contiguous positions) and crops the
+rest, for every layer, so that the cache again holds exactly prefix + accepted tokens.
+
+Handled layer kinds: `DynamicLayer`, `DynamicSlidingWindowLayer` (Gemma3; needs `cache.activate_past_recording()`
+before the tree pass, so no entry is evicted before we know which ones to keep), `StaticLayer` (the
+`StaticCache` path for GPU use) and `StaticSlidingWindowLayer` while the sequence fits in its window.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import (
+    Cache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
+
+
+def check_cache_supported(cache: Cache) -> None:
+    for layer in cache.layers:
+        if not isinstance(layer, (DynamicLayer, StaticLayer)) or type(layer).__name__.startswith("Quant"):
+            raise NotImplementedError(
+                f"tree speculation cannot prune a {type(layer).__name__}; use the default dynamic cache or a StaticCache"
+            )
+
+
+def _tree_start(layer, num_tree: int) -> int:
+    """Index (in the layer's key tensor) of the first of the `num_tree` entries written by the tree pass."""
+    if isinstance(layer, StaticSlidingWindowLayer):
+        if layer.cumulative_length_int > layer.max_cache_len:
+            raise NotImplementedError(
+                "a StaticCache sliding-window layer cannot be pruned once the sequence exceeds its window; "
+                "use the default dynamic cache for long sequences with sliding-window models"
+            )
+        return layer.cumulative_length_int - num_tree
+    if isinstance(layer, StaticLayer):
+        return int(layer.cumulative_length) - num_tree
+    return layer.keys.shape[-2] - num_tree
+
+
+def prune_tree_cache(cache: Cache, keep: torch.LongTensor, num_tree: int) -> None:
+    """Keeps, of the last `num_tree` tree entries of every layer, the nodes `keep` (B, n_keep), in that order.
+
+    keep[b] lists tree node indices (root first, then the accepted path by depth). Rows with fewer real nodes
+    repeat their last node; the caller masks such duplicates as holes.
+    """
+    bsz, n_keep = keep.shape
+    drop = num_tree - n_keep
+    if drop < 0:
+        raise ValueError("cannot keep more entries than the tree pass wrote")
+    identity = bool((keep == torch.arange(n_keep, device=keep.device)).all())
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", False):
+            continue
+        if not identity:
+            start = _tree_start(layer, num_tree)
+            idx = (start + keep).to(layer.keys.device)
+            for tensor in (layer.keys, layer.values):
+                heads, dim = tensor.shape[1], tensor.shape[-1]
+                moved = tensor.gather(2, idx.view(bsz, 1, n_keep, 1).expand(bsz, heads, n_keep, dim))
+                tensor[:, :, start : start + n_keep] = moved
+        if isinstance(layer, DynamicSlidingWindowLayer) or drop:
+            layer.crop(-drop)  # crop(0) also trims a recording sliding layer back to its window

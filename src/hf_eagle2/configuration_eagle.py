@@ -1,0 +1,67 @@
+"""`EagleConfig`: the configuration of an EAGLE-1/2 draft head.
+
+The head is one Llama decoder layer, so the config is a `LlamaConfig` with three additions:
+
+* `bias` (default `True`, as in the official heads): whether the 2H->H `fc` layer has a bias;
+* `draft_vocab_size` (default `None` = the target's full vocabulary): size N of a reduced draft vocabulary
+  (EAGLE-3 / FR-Spec style). The head then scores only N target tokens, listed in the `d2t` tensor saved with
+  its weights; verification still uses the full target distribution;
+* `target_model`: free-text name of the target the head was trained for (informational).
+
+Official EAGLE-1/2 `config.json` files (`model_type: "llama"`, `num_hidden_layers: 1`, optional `bias`) load
+unchanged through `EagleConfig.from_official_dict`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import LlamaConfig
+
+
+@strict
+class EagleConfig(LlamaConfig):
+    model_type = "eagle"
+
+    num_hidden_layers: int = 1
+    bias: bool = True
+    draft_vocab_size: int | None = None
+    target_model: str | None = None
+
+    def validate_architecture(self):
+        super().validate_architecture()
+        if self.num_hidden_layers != 1:
+            raise ValueError(
+                f"An EAGLE-1/2 draft head has exactly one decoder layer, but this config has num_hidden_layers="
+                f"{self.num_hidden_layers}. Is this the config of a full model rather than of a draft head?"
+            )
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
+
+    @property
+    def rope_theta(self) -> float:
+        params = self.rope_parameters or {}
+        return float(params.get("rope_theta", 10000.0))
+
+    @classmethod
+    def from_official_dict(cls, raw: dict[str, Any]) -> "EagleConfig":
+        """Reads an official EAGLE-1/2 (Llama-style) or an hf_eagle2 `config.json` dict."""
+        raw = dict(raw)
+        raw.pop("model_type", None)
+        raw.pop("architectures", None)
+        raw.pop("transformers_version", None)
+        if "torch_dtype" in raw and "dtype" not in raw:
+            raw["dtype"] = raw.pop("torch_dtype")
+        raw.pop("torch_dtype", None)
+        config = cls(**raw)
+        config.architectures = ["EagleDraftModel"]
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        # Keys the official EAGLE code reads with older transformers, which know no `rope_parameters`.
+        out["rope_theta"] = self.rope_theta
+        params = self.rope_parameters or {}
+        out["rope_scaling"] = None if params.get("rope_type", "default") == "default" else dict(params)
+        return out

@@ -1,0 +1,255 @@
+"""The speculative decoding loop, run by `generate(..., assistant_model=head, tree=...)` as a `custom_generate`.
+
+    prefill            target(prompt) -> features, first token
+    loop:  draft       head: feed new (feature, token) pairs, expand a tree below the last token (the root)
+           verify      target(root + tree) in one forward: 4D tree mask, positions = root position + depth
+           accept      longest agreeing path + bonus token; stops (EOS, max length, stop strings) cut inside it
+           prune       target cache keeps root + path, head gets their features
+
+`transformers.generate` prepares everything before the loop (generation config, logits processors, stopping
+criteria, cache), exactly as for plain decoding.
+
+Batches: every row has its own tree and accepted length. Each round appends (max accepted + 1) cache slots to
+every row; a row that accepted fewer gets *holes* at the front of its block, masked out everywhere, so its
+accepted run stays right before its new root. With one row there are never holes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessorList, StoppingCriteriaList
+from transformers.cache_utils import DynamicCache
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .cache import check_cache_supported, prune_tree_cache
+from .candidate_generator import EagleCandidateGenerator, TreeOptions
+from .modeling_eagle import EagleDraftModel
+from .stats import EagleStats, Timer
+from .target import TargetModel
+from .verify import greedy_accept, process_node_logits
+
+
+@dataclass
+class EagleGenerateOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus `eagle_stats`."""
+
+    eagle_stats: EagleStats | None = None
+
+
+def eagle_generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config,
+    synced_gpus: bool = False,
+    *,
+    draft: EagleDraftModel,
+    options: TreeOptions,
+    streamer=None,
+    **model_kwargs,
+):
+    """Tree-speculative greedy decoding; the `custom_generate` body behind `generate(..., tree=...)`."""
+    _check_supported(model, input_ids, generation_config, model_kwargs)
+    target = TargetModel(model)
+    cache = model_kwargs.get("cache")
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    check_cache_supported(cache)
+    cache.activate_past_recording()
+    bsz, prompt_len = input_ids.shape
+    device = input_ids.device
+    max_length = generation_config.max_length
+    if target.max_positions is not None and prompt_len > target.max_positions:
+        raise ValueError(
+            f"the prompt has {prompt_len} tokens, more than the model's max_position_embeddings={target.max_positions}"
+        )
+    if bsz > 1 and streamer is not None:
+        raise ValueError("streamers support batch size 1 only")
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    valid_prompt = attention_mask.bool()
+    prompt_pos = (attention_mask.long().cumsum(-1) - 1).masked_fill(~valid_prompt, 1)
+    pad_id = generation_config._pad_token_tensor
+    pad_id = int(pad_id) if pad_id is not None else 0
+
+    stats = EagleStats(tree=options.tree, batch_size=bsz)
+    stats.new_tokens_per_row = [0] * bsz
+    stats.target_forwards_per_row = [0] * bsz
+    timer = Timer(stats, device, sync=options.profile)
+    calib = _CalibrationLog() if options.record_calibration else None
+    want_scores = generation_config.return_dict_in_generate and (
+        generation_config.output_scores or generation_config.output_logits
+    )
+    if want_scores and bsz > 1:
+        raise NotImplementedError("output_scores/output_logits with tree speculation support batch size 1 only")
+    scores_out, logits_out = [], []
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+
+    # ---- prefill: plain forward over the prompt
+    with timer("prefill_s"):
+        hidden = target.forward(input_ids, prompt_pos, attention_mask if not valid_prompt.all() else None, cache)
+        raw = target.logits(hidden[:, -1])
+        processed = logits_processor(input_ids, raw) if logits_processor else raw
+        first = processed.argmax(-1)
+    if want_scores:
+        scores_out.append(processed)
+        logits_out.append(raw)
+    generator = EagleCandidateGenerator(draft, model, options, max_length=max_length)
+    generator.add_features(hidden, valid_prompt)
+
+    sequences = torch.full((bsz, max_length), pad_id, dtype=torch.long, device=device)
+    sequences[:, :prompt_len] = input_ids
+    seq_len = [prompt_len] * bsz
+    unfinished = [True] * bsz
+    _emit(first.view(bsz, 1), [1] * bsz, sequences, seq_len, unfinished, stopping_criteria, streamer, stats)
+    # slot state: one entry per target cache slot, plus the root (last token, not yet in the cache)
+    slot_tokens = torch.cat([input_ids, first.view(bsz, 1)], dim=1)
+    root_pos = valid_prompt.sum(-1)  # (B,) logical position of the root
+    slot_pos = torch.cat([torch.where(valid_prompt, prompt_pos, -1), root_pos.view(bsz, 1)], dim=1)
+
+    while any(unfinished):
+        remaining = max(max_length - seq_len[b] for b in range(bsz) if unfinished[b])
+        max_depth = max(0, min(options.depth if options.tree != "eagle1" else 64, remaining - 1))
+        with timer("draft_s"):
+            tree = generator.get_candidates(slot_tokens, positions=slot_pos.clamp(min=0), max_depth=max_depth)
+        num_nodes = tree.num_nodes
+        with timer("bookkeeping_s"):
+            positions = root_pos.view(bsz, 1) + tree.depths
+            mask = target.tree_attention_mask(cache, tree, positions, slot_pos[:, :-1])
+        with timer("verify_s"):
+            hidden = target.forward(tree.tokens, positions, mask, cache)
+            raw = target.logits(hidden)
+        with timer("bookkeeping_s"):
+            rows = [sequences[b, : seq_len[b]] for b in range(bsz)]
+            processed = process_node_logits(raw, tree, rows, logits_processor)
+            acc = greedy_accept(tree, processed.argmax(-1))
+            if calib is not None:
+                calib.add(tree, acc)
+            counts = acc.num_accepted.tolist()
+            new_tokens = torch.cat([tree.tokens.gather(1, acc.path[:, 1:]), acc.next_token.view(bsz, 1)], dim=1)
+            # new_tokens[b, :counts[b]] are the accepted draft tokens, new_tokens[b, counts[b]] is the bonus
+            new_tokens.scatter_(1, acc.num_accepted.view(bsz, 1), acc.next_token.view(bsz, 1))
+            active = [b for b in range(bsz) if unfinished[b]]
+            for b in active:
+                stats.record_accept(counts[b])
+                stats.target_forwards_per_row[b] += 1
+            stats.target_forwards += 1
+            stats.tree_nodes += num_nodes - 1
+            emitted = _emit(new_tokens, [c + 1 for c in counts], sequences, seq_len, unfinished, stopping_criteria, streamer, stats, active)
+            if want_scores:
+                take = emitted[0]
+                scores_out.extend(processed[0, acc.path[0, :take]].unbind(0))
+                logits_out.extend(raw[0, acc.path[0, :take]].unbind(0))
+            if not any(unfinished):
+                break
+            # prune: each row keeps root + accepted path, right-aligned in a block of (max accepted + 1) slots
+            width = max(counts) + 1
+            src = torch.arange(width, device=device).view(1, width) - (width - 1 - acc.num_accepted).view(bsz, 1)
+            keep = acc.path.gather(1, src.clamp(min=0))
+            in_block = src >= 0
+            prune_tree_cache(cache, keep, num_nodes)
+            generator.update_candidate_strategy(
+                slot_tokens, None, acc.num_accepted, features=hidden.gather(1, _expand(keep, hidden)), valid=in_block
+            )
+            block_pos = torch.where(in_block, root_pos.view(bsz, 1) + src, -1)
+            root_pos = root_pos + acc.num_accepted + 1
+            slot_tokens = torch.cat([slot_tokens[:, :-1], tree.tokens.gather(1, keep), acc.next_token.view(bsz, 1)], 1)
+            slot_pos = torch.cat([slot_pos[:, :-1], block_pos, root_pos.view(bsz, 1)], 1)
+
+    if streamer is not None:
+        streamer.end()
+    stats.total_s = stats.prefill_s + stats.round_s
+    if calib is not None:
+        stats.calibration = calib.as_dict()
+    out_len = max(seq_len)
+    output = sequences[:, :out_len]
+    draft.last_stats = stats
+    if not generation_config.return_dict_in_generate:
+        return output
+    return EagleGenerateOutput(
+        sequences=output,
+        scores=tuple(s.unsqueeze(0) for s in scores_out) if generation_config.output_scores else None,
+        logits=tuple(s.unsqueeze(0) for s in logits_out) if generation_config.output_logits else None,
+        cache=cache,
+        eagle_stats=stats,
+    )
+
+
+def _expand(index: torch.LongTensor, like: torch.Tensor) -> torch.LongTensor:
+    return index.unsqueeze(-1).expand(*index.shape, like.shape[-1])
+
+
+def _emit(new_tokens, counts, sequences, seq_len, unfinished, stopping_criteria, streamer, stats, rows=None):
+    """Appends new_tokens[b, :counts[b]] to each unfinished row, cut at the first token that meets a stopping
+    criterion (the criteria see each prefix in turn, as in plain decoding). Returns the tokens taken per row."""
+    taken = [0] * len(seq_len)
+    for b in rows if rows is not None else range(len(seq_len)):
+        if not unfinished[b]:
+            continue
+        cand = new_tokens[b, : counts[b]]
+        start = seq_len[b]
+        take = cand.numel()
+        for j in range(cand.numel()):
+            sequences[b, start + j] = cand[j]
+            if bool(stopping_criteria(sequences[b : b + 1, : start + j + 1], None)[0]):
+                take = j + 1
+                unfinished[b] = False
+                break
+        seq_len[b] = start + take
+        taken[b] = take
+        stats.new_tokens += take
+        stats.new_tokens_per_row[b] += take
+        if streamer is not None:
+            streamer.put(cand[:take].cpu())
+    return taken
+
+
+class _CalibrationLog:
+    """Per drafted node: local draft log-confidence, path log V_i, and whether the target accepted it.
+
+    `local_accept` counts only nodes whose parent was on an accepted path (the node's own acceptance given a
+    correct prefix); `path_accept` is whether the whole path to the node was accepted."""
+
+    def __init__(self):
+        self.local_logp, self.parent_valid, self.correct, self.path_logv, self.valid, self.depth = [], [], [], [], [], []
+
+    def add(self, tree, acc):
+        parent_valid = acc.valid.gather(1, tree.parents.clamp(min=0))
+        sl = (slice(None), slice(1, None))
+        self.local_logp.append(tree.local_logp[sl].flatten().cpu())
+        self.parent_valid.append(parent_valid[sl].flatten().cpu())
+        self.correct.append(acc.correct[sl].flatten().cpu())
+        self.path_logv.append(tree.scores[sl].flatten().cpu())
+        self.valid.append(acc.valid[sl].flatten().cpu())
+        self.depth.append(tree.depths[sl].flatten().cpu())
+
+    def as_dict(self) -> dict:
+        cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0)  # noqa: E731
+        return {
+            "local_logp": cat(self.local_logp),
+            "parent_valid": cat(self.parent_valid),
+            "correct": cat(self.correct),
+            "path_logv": cat(self.path_logv),
+            "valid": cat(self.valid),
+            "depth": cat(self.depth),
+        }
+
+
+def _check_supported(model, input_ids, generation_config, model_kwargs) -> None:
+    if model.config.is_encoder_decoder:
+        raise NotImplementedError("tree speculation supports decoder-only models")
+    if (generation_config.num_beams or 1) > 1:
+        raise ValueError("tree speculation cannot be combined with beam search (num_beams > 1)")
+    if generation_config.do_sample:
+        raise NotImplementedError("do_sample=True with tree speculation is not implemented yet")
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise NotImplementedError("tree speculation needs input_ids, not inputs_embeds")
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        raise NotImplementedError("output_attentions / output_hidden_states are not available with tree speculation")
+    if input_ids.shape[1] == 0:
+        raise ValueError("tree speculation needs a non-empty prompt")

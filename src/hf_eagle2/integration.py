@@ -1,0 +1,135 @@
+"""Hooks `tree=` speculation into stock `transformers` `generate()`.
+
+`register()` (run on `import hf_eagle2`, safe to call again) wraps `GenerationMixin.generate` once:
+
+* `generate(..., assistant_model=<EagleDraftModel>, tree="eagle2" | "eagle1" | "chain", tree_total_tokens=...,
+  tree_depth=..., tree_top_k=...)` runs the hf_eagle2 loop as a `custom_generate` callable, so transformers
+  still prepares the generation config, logits processors, stopping criteria and cache. The `tree*` values may
+  also live in a `GenerationConfig` (custom fields): `GenerationConfig(tree="eagle2", tree_total_tokens=60)`.
+* `generate(..., assistant_model=<EagleDraftModel>)` without `tree` is the *stock* assisted-decoding loop, fed
+  by the same head as a chain `CandidateGenerator` (`num_assistant_tokens` or `tree_depth` tokens per round).
+* Anything else goes to the original `generate` untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from transformers import GenerationMixin, StoppingCriteriaList
+from transformers.generation.stopping_criteria import StopStringCriteria
+
+from .candidate_generator import EagleCandidateGenerator, TreeOptions
+from .modeling_eagle import EagleDraftModel
+
+# generate kwarg / GenerationConfig field -> TreeOptions field
+TREE_FIELDS = {
+    "tree": "tree",
+    "tree_total_tokens": "total_tokens",
+    "tree_depth": "depth",
+    "tree_top_k": "top_k",
+    "tree_global_value": "use_global_value",
+    "tree_rerank": "rerank",
+    "tree_static_paths": "static_paths",
+    "eagle_record_calibration": "record_calibration",
+    "eagle_profile": "profile",
+}
+DEFAULT_CHAIN_DEPTH = 6
+
+
+def register() -> None:
+    """Installs the hooks (idempotent)."""
+    if getattr(GenerationMixin.generate, "_hf_eagle2_original", None) is None:
+        original = GenerationMixin.generate
+
+        @functools.wraps(original)
+        def generate(self, *args, **kwargs):
+            return _generate(original, self, *args, **kwargs)
+
+        generate._hf_eagle2_original = original
+        GenerationMixin.generate = generate
+    if getattr(GenerationMixin._get_candidate_generator, "_hf_eagle2_original", None) is None:
+        original_getter = GenerationMixin._get_candidate_generator
+
+        @functools.wraps(original_getter)
+        def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs, assistant_model=None, **kwargs):  # noqa: E501
+            if isinstance(assistant_model, EagleDraftModel):
+                depth = getattr(generation_config, "num_assistant_tokens", None) or DEFAULT_CHAIN_DEPTH
+                options = TreeOptions(tree="chain", depth=int(depth))
+                return EagleCandidateGenerator(assistant_model, self, options, max_length=generation_config.max_length)
+            return original_getter(
+                self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs, assistant_model, **kwargs
+            )
+
+        _get_candidate_generator._hf_eagle2_original = original_getter
+        GenerationMixin._get_candidate_generator = _get_candidate_generator
+
+
+def unregister() -> None:
+    """Restores the original methods."""
+    for name in ("generate", "_get_candidate_generator"):
+        original = getattr(getattr(GenerationMixin, name), "_hf_eagle2_original", None)
+        if original is not None:
+            setattr(GenerationMixin, name, original)
+
+
+def _resolve(key: str, kwargs: dict, generation_config, model_config) -> Any:
+    if key in kwargs:
+        return kwargs.pop(key)
+    for config in (generation_config, model_config):
+        value = getattr(config, key, None) if config is not None else None
+        if value is not None:
+            return value
+    return None
+
+
+def _generate(original, self, *args, **kwargs):
+    bound = inspect.signature(original).bind(self, *args, **kwargs)
+    arguments = dict(bound.arguments)
+    arguments.pop("self")
+    extra = arguments.pop("kwargs", {})
+    generation_config = arguments.get("generation_config")
+    values = {key: _resolve(key, extra, generation_config, self.generation_config) for key in TREE_FIELDS}
+    assistant = arguments.get("assistant_model")
+    if values["tree"] is None:
+        if isinstance(assistant, EagleDraftModel) and values["tree_depth"] is not None:
+            extra.setdefault("num_assistant_tokens", values["tree_depth"])
+        return original(self, **arguments, **extra)
+    if not isinstance(assistant, EagleDraftModel):
+        raise ValueError(
+            f"tree={values['tree']!r} needs an EAGLE draft head: pass assistant_model=EagleDraftModel.from_pretrained(...)"
+            f" (got {type(assistant).__name__})"
+        )
+    if arguments.get("custom_generate") is not None:
+        raise ValueError("tree= speculation cannot be combined with custom_generate")
+    max_new = extra.get("max_new_tokens", getattr(generation_config, "max_new_tokens", None))
+    if max_new is not None and max_new < 1:
+        raise ValueError(f"max_new_tokens must be at least 1 for speculative decoding, got {max_new}")
+    options = TreeOptions(**{field: values[key] for key, field in TREE_FIELDS.items() if values[key] is not None})
+
+    # transformers drops `tokenizer` when custom_generate is a callable, so stop strings are built here
+    tokenizer = extra.pop("tokenizer", None)
+    stop_strings = _resolve("stop_strings", extra, generation_config, self.generation_config)
+    if stop_strings is not None:
+        if tokenizer is None:
+            raise ValueError("stop_strings needs the tokenizer: pass tokenizer=... to generate()")
+        criteria = StoppingCriteriaList(arguments.get("stopping_criteria") or [])
+        criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
+        arguments["stopping_criteria"] = criteria
+        extra["stop_strings"] = None
+
+    arguments["custom_generate"] = functools.partial(
+        _eagle_custom_generate, draft=assistant, options=options, streamer=arguments.pop("streamer", None)
+    )
+    arguments["assistant_model"] = None
+    return original(self, **arguments, **extra)
+
+
+def _eagle_custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, *, draft, options, streamer, **model_kwargs):  # noqa: E501
+    from .decoding import eagle_generate
+
+    return eagle_generate(
+        model, input_ids, logits_processor, stopping_criteria, generation_config,
+        draft=draft, options=options, streamer=streamer, **model_kwargs,
+    )  # fmt: skip

@@ -1,0 +1,401 @@
+"""`EagleDraftModel`: the EAGLE-1/2 draft head.
+
+    feature_t, token_{t+1}  ->  fc(concat(embed(token_{t+1}), feature_t))  ->  decoder layer  ->  feature^_{t+1}
+
+* `fc` is a Linear 2H -> H (bias optional), the decoder layer is a Llama layer *without* input_layernorm
+  (self-attention with RoPE, post-attention RMSNorm, MLP).
+* The head owns neither embeddings nor an output head: it uses the target's, bound by `bind(target)`
+  (done automatically by `generate`). `feature_t` is the target's final hidden state after its final norm,
+  i.e. the input of its lm_head; the head's output goes through the same lm_head.
+* With `config.draft_vocab_size = N`, the head scores only N target tokens (`d2t[i]` = target id of draft
+  token i). Verification always uses the full target distribution, so output stays lossless.
+
+Tensor names follow the official EAGLE-1/2 checkpoints (`fc.weight`, `layers.0.self_attn.q_proj.weight`, ...),
+so `from_pretrained` reads official `pytorch_model.bin` / `model.safetensors` files and `save_pretrained`
+writes a `model.safetensors` the official code reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+from .configuration_eagle import EagleConfig
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+_REQUIRED = [
+    "fc.weight",
+    "layers.0.self_attn.q_proj.weight",
+    "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight",
+    "layers.0.self_attn.o_proj.weight",
+    "layers.0.mlp.gate_proj.weight",
+    "layers.0.mlp.up_proj.weight",
+    "layers.0.mlp.down_proj.weight",
+    "layers.0.post_attention_layernorm.weight",
+]
+# Present in some official checkpoints, never needed: the target supplies embeddings; RoPE is recomputed.
+_IGNORED = re.compile(r"^(embed_tokens\.weight|.*rotary_emb\.inv_freq)$")
+
+
+class EagleAttention(nn.Module):
+    """Llama self-attention with an explicit (keys, values) cache and an explicit boolean mask."""
+
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        past_key_value: KVCache | None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """x: (B, T, H); attention_mask: (B, 1, T, S) bool, True = attend, S = past + T; None = causal."""
+        bsz, q_len, _ = x.shape
+        q = self.q_proj(x).view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(bsz, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(bsz, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        new_kv = (k, v)
+        if past_key_value is not None:
+            k = torch.cat([past_key_value[0], k], dim=2)
+            v = torch.cat([past_key_value[1], v], dim=2)
+        is_causal = attention_mask is None and past_key_value is None and q_len > 1
+        if attention_mask is None and past_key_value is not None and q_len > 1:
+            raise ValueError("a mask is required when feeding several tokens on top of a cache")
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attention_mask, is_causal=is_causal, enable_gqa=self.num_kv_heads != self.num_heads
+        )
+        out = out.transpose(1, 2).reshape(bsz, q_len, self.num_heads * self.head_dim)
+        return self.o_proj(out), new_kv
+
+
+class EagleDecoderLayer(nn.Module):
+    """A Llama decoder layer without input_layernorm (the EAGLE-1/2 head layer)."""
+
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.self_attn = EagleAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x, cos_sin, attention_mask, past_key_value):
+        attn, new_kv = self.self_attn(x, cos_sin, attention_mask, past_key_value)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), new_kv
+
+
+@dataclass
+class _TargetBinding:
+    """The target modules the head borrows (kept out of the module tree so they are never saved)."""
+
+    target_id: int
+    embed_tokens: nn.Module
+    head_weight: torch.Tensor  # (N, H): the target's lm_head rows for the draft vocabulary
+    head_bias: torch.Tensor | None
+    source_weight: torch.Tensor  # the target lm_head weight the rows were taken from
+
+
+class EagleDraftModel(PreTrainedModel):
+    """EAGLE-1/2 draft head. Load with `from_pretrained`, or make a fresh one with `from_target`."""
+
+    config_class = EagleConfig
+    base_model_prefix = "eagle"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["EagleDecoderLayer"]
+    _supports_sdpa = True
+
+    def __init__(self, config: EagleConfig):
+        super().__init__(config)
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.bias)
+        self.layers = nn.ModuleList([EagleDecoderLayer(config)])
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        if config.draft_vocab_size is not None:
+            self.register_buffer("d2t", torch.arange(config.draft_vocab_size, dtype=torch.long))
+        else:
+            self.d2t = None
+        self._binding: _TargetBinding | None = None
+        self.post_init()
+
+    # ------------------------------------------------------------------ target binding
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.draft_vocab_size or self.config.vocab_size
+
+    def bind(self, target: PreTrainedModel) -> "EagleDraftModel":
+        """Borrow `target`'s input embeddings and lm_head; moves the head to the lm_head's device and dtype.
+
+        Cheap to call again: nothing is redone while the same target (and lm_head weight) stays bound.
+        """
+        head = target.get_output_embeddings()
+        if head is None or not hasattr(head, "weight"):
+            raise ValueError(f"{type(target).__name__} has no output embeddings (lm_head) for the draft head to use")
+        weight = head.weight
+        b = self._binding
+        if b is not None and b.target_id == id(target) and b.source_weight is weight:
+            return self
+        text_config = target.config.get_text_config()
+        if text_config.hidden_size != self.config.hidden_size:
+            raise ValueError(
+                f"Draft head hidden size {self.config.hidden_size} differs from the target's "
+                f"{text_config.hidden_size} ({type(target).__name__}): this head was trained for another model."
+            )
+        if text_config.vocab_size != self.config.vocab_size or weight.shape[0] != self.config.vocab_size:
+            raise ValueError(
+                f"Draft head vocabulary size {self.config.vocab_size} differs from the target's "
+                f"{text_config.vocab_size} (lm_head rows: {weight.shape[0]}): the head and target must share a tokenizer."
+            )
+        if self.d2t is not None and int(self.d2t.max()) >= weight.shape[0]:
+            raise ValueError("d2t maps draft tokens outside the target vocabulary")
+        if self.fc.weight.device != weight.device or self.fc.weight.dtype != weight.dtype:
+            self.to(device=weight.device, dtype=weight.dtype)
+        bias = getattr(head, "bias", None)
+        if self.d2t is not None:
+            head_weight = weight.detach()[self.d2t].contiguous()
+            head_bias = None if bias is None else bias.detach()[self.d2t].contiguous()
+        else:
+            head_weight, head_bias = weight.detach(), None if bias is None else bias.detach()
+        self._binding = _TargetBinding(id(target), target.get_input_embeddings(), head_weight, head_bias, weight)
+        return self
+
+    @property
+    def binding(self) -> _TargetBinding:
+        if self._binding is None:
+            raise RuntimeError("EagleDraftModel is not bound to a target: call draft.bind(target_model) first")
+        return self._binding
+
+    def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        return self.binding.embed_tokens(input_ids)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., N) logits over the draft vocabulary."""
+        b = self.binding
+        return F.linear(hidden, b.head_weight, b.head_bias)
+
+    def to_target_ids(self, draft_ids: torch.LongTensor) -> torch.LongTensor:
+        """Maps draft-vocabulary indices to target token ids."""
+        return draft_ids if self.d2t is None else self.d2t[draft_ids]
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None,
+        features: torch.Tensor,
+        position_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_value: KVCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """One head step over T pairs (feature_t, token_{t+1}).
+
+        input_ids: (B, T) tokens t+1 (or inputs_embeds (B, T, H)); features: (B, T, H) target (or drafted)
+        features at t; position_ids: (B, T) = t; attention_mask: (B, 1, T, S) bool over past + new keys, or None
+        for plain causal attention without a cache. Returns the predicted features (B, T, H) and the new
+        (keys, values) of these T positions, each (B, H_kv, T, D).
+        """
+        if inputs_embeds is None:
+            inputs_embeds = self.embed(input_ids)
+        x = self.fc(torch.cat([inputs_embeds.to(features.dtype), features], dim=-1))
+        cos_sin = self.rotary_emb(x, position_ids)
+        return self.layers[0](x, cos_sin, attention_mask, past_key_value)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def config_for_target(cls, target: PreTrainedModel, **overrides) -> EagleConfig:
+        """An EagleConfig sized to `target` (hidden size, heads, MLP width, vocabulary, RoPE theta)."""
+        tc = target.config.get_text_config()
+        num_heads = tc.num_attention_heads
+        values = dict(
+            vocab_size=tc.vocab_size,
+            hidden_size=tc.hidden_size,
+            intermediate_size=tc.intermediate_size,
+            num_attention_heads=num_heads,
+            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // num_heads,
+            max_position_embeddings=getattr(tc, "max_position_embeddings", 2048),
+            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+            rope_parameters={"rope_type": "default", "rope_theta": _rope_theta(tc)},
+            pad_token_id=getattr(tc, "pad_token_id", None),
+            bos_token_id=getattr(tc, "bos_token_id", None),
+            eos_token_id=getattr(tc, "eos_token_id", None),
+            target_model=getattr(target, "name_or_path", None) or None,
+        )
+        values.update(overrides)
+        return EagleConfig(**values)
+
+    @classmethod
+    def from_target(
+        cls,
+        target: PreTrainedModel,
+        *,
+        draft_vocab: torch.LongTensor | None = None,
+        bias: bool = True,
+        seed: int | None = None,
+        init_from_last_layer: bool = False,
+    ) -> "EagleDraftModel":
+        """A randomly initialised head sized to `target` and bound to it (for tests and training).
+
+        draft_vocab: optional (N,) target token ids the head may propose (reduced draft vocabulary).
+        init_from_last_layer: start the decoder layer from the target's last layer and `fc` from
+        [0 | I] (a warm start that makes the untrained head already predict something sensible).
+        """
+        config = cls.config_for_target(
+            target, bias=bias, draft_vocab_size=None if draft_vocab is None else int(draft_vocab.numel())
+        )
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = cls(config)
+        if draft_vocab is not None:
+            model.d2t.copy_(draft_vocab.to(torch.long))
+        if init_from_last_layer:
+            model._init_from_target_layer(target)
+        weight = target.get_output_embeddings().weight
+        model.to(device=weight.device, dtype=weight.dtype)
+        return model.bind(target).eval()
+
+    @torch.no_grad()
+    def _init_from_target_layer(self, target: PreTrainedModel) -> None:
+        last = target.get_decoder().layers[-1]
+        own = self.layers[0]
+        pairs = [(own.self_attn, getattr(last, "self_attn", None)), (own.mlp, getattr(last, "mlp", None))]
+        for mine, theirs in pairs:
+            if theirs is None:
+                continue
+            for name, param in mine.named_parameters():
+                src = dict(theirs.named_parameters()).get(name)
+                if src is not None and src.shape == param.shape:
+                    param.copy_(src)
+        norm = getattr(last, "post_attention_layernorm", None)
+        if norm is not None and norm.weight.shape == own.post_attention_layernorm.weight.shape:
+            own.post_attention_layernorm.weight.copy_(norm.weight)
+        hidden = self.config.hidden_size
+        self.fc.weight.zero_()
+        self.fc.weight[:, hidden:].copy_(torch.eye(hidden))
+        if self.fc.bias is not None:
+            self.fc.bias.zero_()
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            module.weight.data.normal_(mean=0.0, std=std)
+            if module.bias is not None:
+                module.bias.data.zero_()
+        elif isinstance(module, LlamaRMSNorm):
+            module.weight.data.fill_(1.0)
+
+    # ------------------------------------------------------------------ loading and saving
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | None = None,
+        local_files_only: bool = False,
+        **kwargs: Any,
+    ) -> "EagleDraftModel":
+        """Loads a head from a local folder or a Hub repo, in hf_eagle2 or official EAGLE-1/2 format.
+
+        Reads `config.json` and `model.safetensors` (preferred) or `pytorch_model.bin`
+        (`torch.load(weights_only=True)`). Unexpected or missing tensors raise a ValueError naming them.
+        """
+        from transformers.utils import cached_file
+
+        kwargs.pop("config", None)
+        torch_dtype = kwargs.pop("torch_dtype", None)
+        dtype = dtype if dtype is not None else torch_dtype
+        hub = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
+        path = str(pretrained_model_name_or_path)
+        config_file = cached_file(path, "config.json", **hub)
+        with open(config_file, encoding="utf-8") as f:
+            config = EagleConfig.from_official_dict(json.load(f))
+        weights_file = cached_file(path, "model.safetensors", _raise_exceptions_for_missing_entries=False, **hub)
+        if weights_file is not None:
+            from safetensors.torch import load_file
+
+            state = load_file(weights_file)
+        else:
+            weights_file = cached_file(path, "pytorch_model.bin", _raise_exceptions_for_missing_entries=False, **hub)
+            if weights_file is None:
+                raise OSError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+            state = torch.load(weights_file, map_location="cpu", weights_only=True)
+        model = cls(config)
+        model.load_head_state_dict(state, source=weights_file)
+        if isinstance(dtype, str) and dtype != "auto":
+            dtype = getattr(torch, dtype)
+        if isinstance(dtype, torch.dtype) or device is not None:
+            model.to(device=device, dtype=dtype if isinstance(dtype, torch.dtype) else None)
+        model.name_or_path = path
+        return model.eval()
+
+    def load_head_state_dict(self, state: dict[str, torch.Tensor], source: str = "state dict") -> None:
+        """Strictly loads official-layout tensors; ignores `embed_tokens.weight` and RoPE buffers."""
+        state = {k: v for k, v in state.items() if not _IGNORED.match(k)}
+        expected = set(self.state_dict())
+        unexpected = sorted(set(state) - expected)
+        missing = sorted(expected - set(state))
+        if unexpected or missing:
+            raise ValueError(
+                f"{source} does not hold an EAGLE-1/2 head of this config: unexpected tensors {unexpected}, "
+                f"missing tensors {missing}. Expected names: {sorted(expected)}"
+            )
+        for name, tensor in self.state_dict().items():
+            if state[name].shape != tensor.shape:
+                raise ValueError(
+                    f"{source}: tensor {name} has shape {tuple(state[name].shape)}, config expects {tuple(tensor.shape)}"
+                )
+        self.load_state_dict(state, strict=True)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """Writes `config.json` and `model.safetensors` (no embeddings; official tensor names)."""
+        from safetensors.torch import save_file
+
+        push_to_hub = kwargs.pop("push_to_hub", False)
+        os.makedirs(save_directory, exist_ok=True)
+        self.config.architectures = ["EagleDraftModel"]
+        self.config.save_pretrained(save_directory)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, os.path.join(save_directory, "model.safetensors"), metadata={"format": "pt"})
+        if push_to_hub:
+            from .hub import push_head_folder
+
+            push_head_folder(save_directory, kwargs.pop("repo_id", None) or os.path.basename(str(save_directory)), **kwargs)
+
+    def num_head_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def _rope_theta(text_config) -> float:
+    params = getattr(text_config, "rope_parameters", None) or {}
+    if isinstance(params, dict) and "rope_theta" not in params:  # per-layer-type dict (e.g. Gemma3)
+        params = params.get("full_attention", next(iter(params.values()), {})) if params else {}
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(theta or getattr(text_config, "rope_theta", None) or 10000.0)

@@ -1,0 +1,96 @@
+"""`EagleStats`: what one speculative `generate` call did, returned as `output.eagle_stats`."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+@dataclass
+class EagleStats:
+    """Counters and a time split for one generate call.
+
+    tau = new_tokens / target_forwards: the average number of tokens each verification pass produced, bonus
+    token included (prefill excluded from both). accept_hist[n] counts rounds that accepted n draft tokens
+    (so each such round emitted n + 1 tokens, fewer where a stop cut it). Seconds are wall-clock; on CUDA they
+    are measured after a synchronize only when `profile=True` was passed to generate.
+    """
+
+    tree: str = "eagle2"
+    batch_size: int = 1
+    new_tokens: int = 0
+    target_forwards: int = 0
+    accept_hist: list[int] = field(default_factory=list)
+    tree_nodes: int = 0  # total draft nodes verified (root excluded)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    bookkeeping_s: float = 0.0
+    total_s: float = 0.0
+    new_tokens_per_row: list[int] = field(default_factory=list)
+    target_forwards_per_row: list[int] = field(default_factory=list)
+    calibration: dict | None = None
+
+    @property
+    def tau(self) -> float:
+        """Average acceptance length over all rows: new tokens per row-verification."""
+        row_forwards = sum(self.target_forwards_per_row) or self.target_forwards
+        return self.new_tokens / row_forwards if row_forwards else 0.0
+
+    @property
+    def rounds(self) -> int:
+        return self.target_forwards
+
+    @property
+    def tau_per_row(self) -> list[float]:
+        return [n / f if f else 0.0 for n, f in zip(self.new_tokens_per_row, self.target_forwards_per_row)]
+
+    @property
+    def round_s(self) -> float:
+        return self.draft_s + self.verify_s + self.bookkeeping_s
+
+    @property
+    def bookkeeping_share(self) -> float:
+        return self.bookkeeping_s / self.round_s if self.round_s else 0.0
+
+    def record_accept(self, accepted: int) -> None:
+        while len(self.accept_hist) <= accepted:
+            self.accept_hist.append(0)
+        self.accept_hist[accepted] += 1
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("calibration")
+        out.update(tau=self.tau, rounds=self.rounds, bookkeeping_share=self.bookkeeping_share)
+        return out
+
+    def summary(self) -> str:
+        per_round = 1000 * self.round_s / max(self.rounds, 1)
+        return (
+            f"tree={self.tree} new_tokens={self.new_tokens} target_forwards={self.target_forwards} tau={self.tau:.2f} "
+            f"round={per_round:.1f}ms (draft {self.draft_s:.2f}s, verify {self.verify_s:.2f}s, "
+            f"bookkeeping {self.bookkeeping_s:.2f}s = {100 * self.bookkeeping_share:.1f}%)"
+        )
+
+
+class Timer:
+    """Accumulates wall time into EagleStats fields; synchronizes CUDA only when asked to."""
+
+    def __init__(self, stats: EagleStats, device: torch.device, sync: bool):
+        self.stats = stats
+        self.sync = sync and device.type == "cuda"
+
+    @contextmanager
+    def __call__(self, name: str):
+        if self.sync:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                torch.cuda.synchronize()
+            setattr(self.stats, name, getattr(self.stats, name) + time.perf_counter() - start)

@@ -1,0 +1,338 @@
+"""Draft trees: the EAGLE-2 dynamic tree, the EAGLE-1 static tree and a chain, all built with batched tensor ops.
+
+A tree is returned as a `DraftTree` whose node 0 is the *root*: the last accepted token, which the target has
+not processed yet. Nodes are in depth-major order (a parent always precedes its children).
+
+EAGLE-2 (Li et al., 2024), as built by `build_dynamic_tree`:
+
+1. The head's distribution after the root gives the top-k depth-1 nodes. Each node carries its global
+   acceptance value V_i = product of draft confidences along its path (summed log-probs here).
+2. For depth 2..D, the k frontier nodes with the highest V_i are fed to the head (one forward over k tokens)
+   and each proposes its top-k children: k*k new candidates per depth.
+3. Reranking keeps the top-m candidates of all depths by V_i. A child never scores above its parent, and ties
+   are broken in favour of the earlier (shallower) candidate, so the kept set is ancestor-closed: a connected
+   tree. This is asserted.
+
+Ablations (paper, Table 4): `use_global_value=False` ranks by the node's own confidence (made monotone along
+each path, so the kept set stays connected); `rerank=False` keeps the expanded frontier nodes of every depth
+(k per depth, depth-major), truncated to m.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+# The EAGLE-1 default static tree: 25 nodes below the root, depth 5. Each entry is a path of top-k ranks
+# (0 = the draft's most likely token) from the root; e.g. (0, 1) is the 2nd-ranked child of the 1st-ranked
+# depth-1 node. Branching is widest near the root, where acceptance is likeliest.
+EAGLE1_TREE: tuple[tuple[int, ...], ...] = (
+    (0,), (1,), (2,), (3,),
+    (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2),
+    (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+)  # fmt: skip
+
+
+def chain_tree(depth: int) -> tuple[tuple[int, ...], ...]:
+    """A single chain of `depth` top-1 tokens."""
+    return tuple((0,) * d for d in range(1, depth + 1))
+
+
+@dataclass
+class DraftTree:
+    """A batch of draft trees with n nodes each (node 0 = root).
+
+    tokens: (B, n) target token ids; parents: (B, n) parent node index (root: -1); depths: (B, n) (root: 0);
+    ancestors: (B, n, n) bool, ancestors[b, i, j] = node j is an ancestor of node i or i itself (so the rows
+    are exactly the tree attention mask over the tree tokens); scores: (B, n) log V_i (root: 0);
+    local_logp: (B, n) log draft confidence of each node given its parent (root: 0).
+    """
+
+    tokens: torch.LongTensor
+    parents: torch.LongTensor
+    depths: torch.LongTensor
+    ancestors: torch.BoolTensor
+    scores: torch.Tensor
+    local_logp: torch.Tensor
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
+
+    @property
+    def paths(self) -> torch.LongTensor:
+        """(B, L, max_depth + 1) root-to-leaf node indices per leaf, padded with -1 (L = most leaves in a row)."""
+        bsz, n = self.tokens.shape
+        device = self.tokens.device
+        has_child = torch.zeros(bsz, n, dtype=torch.bool, device=device)
+        has_child.scatter_(1, self.parents.clamp(min=0), self.parents >= 0)
+        is_leaf = ~has_child
+        width = self.max_depth + 1
+        # full[b, i, d] = ancestor of node i at depth d: each depth slot gets exactly one ancestor's id + 1
+        ids = torch.arange(1, n + 1, device=device).expand(bsz, n, n)
+        full = torch.zeros(bsz, n, width, dtype=torch.long, device=device)
+        full.scatter_add_(2, self.depths.unsqueeze(1).expand(bsz, n, n), torch.where(self.ancestors, ids, 0))
+        full -= 1
+        num_leaves = int(is_leaf.sum(1).max())
+        order = torch.argsort((~is_leaf).to(torch.int8), dim=1, stable=True)[:, :num_leaves]
+        paths = full.gather(1, order.unsqueeze(-1).expand(bsz, num_leaves, width))
+        return torch.where(is_leaf.gather(1, order).unsqueeze(-1), paths, -1)
+
+    def check(self) -> None:
+        """Asserts the structural invariants (connected, depth-major, consistent ancestors)."""
+        n = self.num_nodes
+        idx = torch.arange(n, device=self.tokens.device)
+        assert bool((self.parents[:, 0] == -1).all()), "root must have no parent"
+        assert bool((self.parents[:, 1:] >= 0).all()), "tree is not connected: a node lost its parent"
+        assert bool((self.parents[:, 1:] < idx[1:]).all()), "parents must precede their children"
+        parent_depth = self.depths.gather(1, self.parents.clamp(min=0))
+        assert bool((self.depths[:, 1:] == parent_depth[:, 1:] + 1).all()), "depth != parent depth + 1"
+        assert bool((self.ancestors.sum(-1) == self.depths + 1).all()), "ancestor rows must hold depth + 1 nodes"
+
+
+def root_only_tree(root_tokens: torch.LongTensor, like: torch.Tensor) -> DraftTree:
+    """A tree with no draft nodes: verifying it is one plain decoding step."""
+    bsz = root_tokens.shape[0]
+    zeros = torch.zeros(bsz, 1, dtype=torch.long, device=root_tokens.device)
+    return DraftTree(
+        tokens=root_tokens.view(bsz, 1),
+        parents=zeros - 1,
+        depths=zeros,
+        ancestors=torch.ones(bsz, 1, 1, dtype=torch.bool, device=root_tokens.device),
+        scores=like.new_zeros(bsz, 1),
+        local_logp=like.new_zeros(bsz, 1),
+    )
+
+
+def _ancestors_from_parents(parents: torch.LongTensor, depths: torch.LongTensor, max_depth: int) -> torch.BoolTensor:
+    """(B, n) parents in depth-major order -> (B, n, n) ancestor-or-self mask, one gather per depth."""
+    bsz, n = parents.shape
+    eye = torch.eye(n, dtype=torch.bool, device=parents.device).expand(bsz, n, n)
+    anc = eye.clone()
+    gather_idx = parents.clamp(min=0).unsqueeze(-1).expand(bsz, n, n)
+    for d in range(1, max_depth + 1):
+        inherited = anc.gather(1, gather_idx) | eye
+        anc = torch.where((depths == d).unsqueeze(-1), inherited, anc)
+    return anc
+
+
+# A draft step: (frontier tokens (B, f), parent features (B, f, H), depth of the fed nodes, ancestry of the
+# fed nodes over all tree slots fed so far including themselves (B, f, S)) -> predicted features (B, f, H).
+DraftStep = Callable[[torch.LongTensor, torch.Tensor, int, torch.BoolTensor], torch.Tensor]
+# Log-probabilities over the draft vocabulary: (..., H) -> (..., N)
+DraftLogProbs = Callable[[torch.Tensor], torch.Tensor]
+
+
+def build_dynamic_tree(
+    root_tokens: torch.LongTensor,
+    root_hidden: torch.Tensor,
+    draft_step: DraftStep,
+    draft_logprobs: DraftLogProbs,
+    to_target_ids: Callable[[torch.LongTensor], torch.LongTensor],
+    *,
+    total_tokens: int,
+    depth: int,
+    top_k: int,
+    use_global_value: bool = True,
+    rerank: bool = True,
+) -> DraftTree:
+    """EAGLE-2 dynamic tree. root_tokens: (B,), root_hidden: (B, H) = head output at the root.
+
+    Returns a DraftTree of min(total_tokens, #candidates) + 1 nodes. Head forwards: depth - 1 (plus the one that
+    produced root_hidden).
+    """
+    bsz, hidden_size = root_hidden.shape
+    device = root_hidden.device
+    k = top_k
+    logp = draft_logprobs(root_hidden).float()  # (B, N)
+    top_lp, top_idx = logp.topk(k, dim=-1)  # (B, k)
+    cand_tokens = [to_target_ids(top_idx)]
+    cand_local = [top_lp]
+    cand_key = [top_lp]  # ranking key: log V_i, or the path-monotone local confidence for the ablation
+    cand_score = [top_lp]
+    cand_parent = [torch.full((bsz, k), -1, dtype=torch.long, device=device)]
+    cand_depth = [torch.ones(bsz, k, dtype=torch.long, device=device)]
+    expanded = [torch.arange(k, device=device).expand(bsz, k)]  # candidate ids of each depth's frontier
+
+    frontier_ids = expanded[0]
+    frontier_tokens = cand_tokens[0]
+    frontier_key, frontier_score = top_lp, top_lp
+    frontier_hidden = root_hidden.unsqueeze(1).expand(bsz, k, hidden_size)
+    frontier_anc = torch.eye(k, dtype=torch.bool, device=device).expand(bsz, k, k)
+    num_cand = k
+    for d in range(1, depth):
+        hidden = draft_step(frontier_tokens, frontier_hidden, d, frontier_anc)  # (B, k, H)
+        child_lp, child_idx = draft_logprobs(hidden).float().topk(k, dim=-1)  # (B, k, k)
+        child_score = frontier_score.unsqueeze(-1) + child_lp
+        child_key = child_score if use_global_value else torch.minimum(child_lp, frontier_key.unsqueeze(-1))
+        cand_tokens.append(to_target_ids(child_idx).flatten(1))
+        cand_local.append(child_lp.flatten(1))
+        cand_score.append(child_score.flatten(1))
+        cand_key.append(child_key.flatten(1))
+        cand_parent.append(frontier_ids.unsqueeze(-1).expand(bsz, k, k).flatten(1))
+        cand_depth.append(torch.full((bsz, k * k), d + 1, dtype=torch.long, device=device))
+        # next frontier: the k best children by the ranking key
+        frontier_key, pick = cand_key[-1].topk(k, dim=-1)  # (B, k) indices into this depth's k*k
+        frontier_ids = num_cand + pick
+        expanded.append(frontier_ids)
+        frontier_tokens = cand_tokens[-1].gather(1, pick)
+        frontier_score = cand_score[-1].gather(1, pick)
+        parent_slot = pick // k
+        frontier_hidden = hidden.gather(1, parent_slot.unsqueeze(-1).expand(bsz, k, hidden_size))
+        inherited = frontier_anc.gather(1, parent_slot.unsqueeze(-1).expand(bsz, k, frontier_anc.shape[-1]))
+        frontier_anc = torch.cat([inherited, torch.eye(k, dtype=torch.bool, device=device).expand(bsz, k, k)], dim=-1)
+        num_cand += k * k
+
+    tokens, local, score = torch.cat(cand_tokens, 1), torch.cat(cand_local, 1), torch.cat(cand_score, 1)
+    key, parent, depths = torch.cat(cand_key, 1), torch.cat(cand_parent, 1), torch.cat(cand_depth, 1)
+    if rerank:
+        m = min(total_tokens, num_cand)
+        order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :m]
+    else:
+        frontier_all = torch.cat(expanded, 1)  # depth-major, k per depth
+        m = min(total_tokens, frontier_all.shape[1])
+        order = frontier_all[:, :m]
+    selected = torch.sort(order, dim=1).values  # depth-major: parents first
+    return _assemble(root_tokens, selected, tokens, parent, depths, score, local, num_cand)
+
+
+def _assemble(root_tokens, selected, tokens, parent, depths, score, local, num_cand) -> DraftTree:
+    """Turns selected candidate ids (B, m), ascending, into a DraftTree with the root prepended."""
+    bsz, m = selected.shape
+    device = selected.device
+    node_of_cand = torch.full((bsz, num_cand), -1, dtype=torch.long, device=device)
+    node_of_cand.scatter_(1, selected, torch.arange(1, m + 1, device=device).expand(bsz, m))
+    cand_parent = parent.gather(1, selected)
+    node_parent = torch.where(cand_parent < 0, 0, node_of_cand.gather(1, cand_parent.clamp(min=0)))
+    if not bool((node_parent >= 0).all()):
+        raise AssertionError("selected draft nodes do not form a connected tree")
+    zeros_long = torch.zeros(bsz, 1, dtype=torch.long, device=device)
+    zeros = torch.zeros(bsz, 1, dtype=score.dtype, device=device)
+    parents = torch.cat([zeros_long - 1, node_parent], 1)
+    node_depths = torch.cat([zeros_long, depths.gather(1, selected)], 1)
+    max_depth = int(node_depths.max()) if m else 0
+    return DraftTree(
+        tokens=torch.cat([root_tokens.view(bsz, 1), tokens.gather(1, selected)], 1),
+        parents=parents,
+        depths=node_depths,
+        ancestors=_ancestors_from_parents(parents, node_depths, max_depth),
+        scores=torch.cat([zeros, score.gather(1, selected)], 1),
+        local_logp=torch.cat([zeros, local.gather(1, selected)], 1),
+    )
+
+
+@dataclass(frozen=True)
+class StaticLevel:
+    """One head expansion of a static tree: feed `fed` nodes, give each child the draft's `rank`-th token."""
+
+    fed: torch.LongTensor  # (f,) nodes whose head outputs propose the children
+    children: torch.LongTensor  # (c,)
+    child_slot: torch.LongTensor  # (c,) index into `fed` of each child's parent
+    child_rank: torch.LongTensor  # (c,)
+    width: int  # top-k needed = max rank + 1
+
+
+@dataclass(frozen=True)
+class StaticTreeSpec:
+    """Precomputed layout of a static tree given as rank paths (see EAGLE1_TREE)."""
+
+    paths: tuple[tuple[int, ...], ...]
+    parents: torch.LongTensor  # (n,) root = -1
+    depths: torch.LongTensor  # (n,)
+    ancestors: torch.BoolTensor  # (n, n)
+    levels: tuple[StaticLevel, ...]  # levels[0] expands the root, levels[d] the depth-d nodes with children
+
+    @staticmethod
+    def from_paths(paths: Sequence[Sequence[int]]) -> "StaticTreeSpec":
+        paths = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
+        if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
+            raise ValueError("a static tree needs at least one node, and ranks must be >= 0")
+        index = {(): 0}
+        parents, ranks, depths = [-1], [-1], [0]
+        for p in paths:
+            if p[:-1] not in index:
+                raise ValueError(f"static tree path {p} has no parent path {p[:-1]}")
+            index[p] = len(parents)
+            parents.append(index[p[:-1]])
+            ranks.append(p[-1])
+            depths.append(len(p))
+        levels = []
+        for d in range(max(depths)):
+            fed = sorted({parents[c] for c in range(1, len(parents)) if depths[c] == d + 1})
+            children = [c for c in range(1, len(parents)) if depths[c] == d + 1]
+            levels.append(
+                StaticLevel(
+                    fed=torch.tensor(fed),
+                    children=torch.tensor(children),
+                    child_slot=torch.tensor([fed.index(parents[c]) for c in children]),
+                    child_rank=torch.tensor([ranks[c] for c in children]),
+                    width=1 + max(ranks[c] for c in children),
+                )
+            )
+        parents_t, depths_t = torch.tensor(parents), torch.tensor(depths)
+        anc = _ancestors_from_parents(parents_t.view(1, -1), depths_t.view(1, -1), max(depths))[0]
+        return StaticTreeSpec(tuple(paths), parents_t, depths_t, anc, tuple(levels))
+
+    @property
+    def num_nodes(self) -> int:
+        return self.parents.numel()
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.levels)
+
+    def truncated(self, max_depth: int) -> "StaticTreeSpec":
+        return StaticTreeSpec.from_paths([p for p in self.paths if len(p) <= max_depth])
+
+
+def build_static_tree(
+    root_tokens: torch.LongTensor,
+    root_hidden: torch.Tensor,
+    draft_step: DraftStep,
+    draft_logprobs: DraftLogProbs,
+    to_target_ids: Callable[[torch.LongTensor], torch.LongTensor],
+    spec: StaticTreeSpec,
+) -> DraftTree:
+    """EAGLE-1 static tree (or a chain): fixed shape, tokens = the draft's top-ranked children of each node."""
+    bsz, hidden_size = root_hidden.shape
+    device = root_hidden.device
+    n = spec.num_nodes
+    anc = spec.ancestors.to(device)
+    tokens = root_tokens.new_zeros(bsz, n)
+    tokens[:, 0] = root_tokens
+    local = torch.zeros(bsz, n, device=device)
+    node_hidden = root_hidden.new_zeros(bsz, n, hidden_size)  # head output at each fed node
+    node_hidden[:, 0] = root_hidden
+    fed_so_far = torch.zeros(0, dtype=torch.long, device=device)
+    for d, level in enumerate(spec.levels):
+        fed = level.fed.to(device)
+        if d == 0:
+            hidden = root_hidden.unsqueeze(1)
+        else:
+            fed_so_far = torch.cat([fed_so_far, fed])
+            parent_hidden = node_hidden[:, spec.parents[level.fed].to(device)]
+            fed_anc = anc[fed][:, fed_so_far].expand(bsz, fed.numel(), fed_so_far.numel())
+            hidden = draft_step(tokens[:, fed], parent_hidden, d, fed_anc)
+            node_hidden[:, fed] = hidden
+        top_lp, top_idx = draft_logprobs(hidden).float().topk(level.width, dim=-1)  # (B, f, width)
+        slot, rank, children = level.child_slot.to(device), level.child_rank.to(device), level.children.to(device)
+        tokens[:, children] = to_target_ids(top_idx[:, slot, rank])
+        local[:, children] = top_lp[:, slot, rank]
+    scores = (anc.to(local.dtype).unsqueeze(0) * local.unsqueeze(1)).sum(-1)  # sum of log-probs along the path
+    return DraftTree(
+        tokens=tokens,
+        parents=spec.parents.to(device).expand(bsz, n),
+        depths=spec.depths.to(device).expand(bsz, n),
+        ancestors=anc.expand(bsz, n, n),
+        scores=scores,
+        local_logp=local,
+    )
