@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
+from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import LlamaConfig
 
 
@@ -54,7 +55,10 @@ class EagleConfig(LlamaConfig):
         if "torch_dtype" in raw and "dtype" not in raw:
             raw["dtype"] = raw.pop("torch_dtype")
         raw.pop("torch_dtype", None)
-        config = cls(**raw)
+        try:
+            config = cls(**raw)
+        except StrictDataclassClassValidationError as err:  # not a ValueError; surface the validator's message
+            raise ValueError(str(err.__cause__ or err)) from err
         config.architectures = ["EagleDraftModel"]
         return config
 

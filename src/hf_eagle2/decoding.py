@@ -97,8 +97,8 @@ def eagle_generate(
         processed = logits_processor(input_ids, raw) if logits_processor else raw
         first = processed.argmax(-1)
     if want_scores:
-        scores_out.append(processed)
-        logits_out.append(raw)
+        scores_out.append(processed[0])
+        logits_out.append(raw[0])
     generator = EagleCandidateGenerator(draft, model, options, max_length=max_length)
     generator.add_features(hidden, valid_prompt)
 
@@ -145,20 +145,25 @@ def eagle_generate(
                 take = emitted[0]
                 scores_out.extend(processed[0, acc.path[0, :take]].unbind(0))
                 logits_out.extend(raw[0, acc.path[0, :take]].unbind(0))
-            if not any(unfinished):
-                break
-            # prune: each row keeps root + accepted path, right-aligned in a block of (max accepted + 1) slots
-            width = max(counts) + 1
-            src = torch.arange(width, device=device).view(1, width) - (width - 1 - acc.num_accepted).view(bsz, 1)
+            # prune: each row keeps root + the accepted nodes it emitted (all but a stop-cut tail), right-aligned
+            # in a block of (max kept + 1) slots; the last emitted token is the next root, not cached yet
+            kept = torch.tensor([min(counts[b], emitted[b] - 1) if emitted[b] else 0 for b in range(bsz)], device=device)
+            width = int(kept.max()) + 1
+            src = torch.arange(width, device=device).view(1, width) - (width - 1 - kept).view(bsz, 1)
             keep = acc.path.gather(1, src.clamp(min=0))
             in_block = src >= 0
             prune_tree_cache(cache, keep, num_nodes)
+            if cache.get_seq_length() != slot_pos.shape[1] - 1 + width:
+                raise RuntimeError("tree cache pruning left the cache out of sync with the accepted sequence")
+            if not any(unfinished):
+                break
             generator.update_candidate_strategy(
-                slot_tokens, None, acc.num_accepted, features=hidden.gather(1, _expand(keep, hidden)), valid=in_block
+                slot_tokens, None, kept, features=hidden.gather(1, _expand(keep, hidden)), valid=in_block
             )
             block_pos = torch.where(in_block, root_pos.view(bsz, 1) + src, -1)
-            root_pos = root_pos + acc.num_accepted + 1
-            slot_tokens = torch.cat([slot_tokens[:, :-1], tree.tokens.gather(1, keep), acc.next_token.view(bsz, 1)], 1)
+            root_pos = root_pos + kept + 1
+            next_root = new_tokens.gather(1, kept.view(bsz, 1))
+            slot_tokens = torch.cat([slot_tokens[:, :-1], tree.tokens.gather(1, keep), next_root], 1)
             slot_pos = torch.cat([slot_pos[:, :-1], block_pos, root_pos.view(bsz, 1)], 1)
 
     if streamer is not None:

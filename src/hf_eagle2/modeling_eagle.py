@@ -135,10 +135,8 @@ class EagleDraftModel(PreTrainedModel):
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.bias)
         self.layers = nn.ModuleList([EagleDecoderLayer(config)])
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
-        if config.draft_vocab_size is not None:
-            self.register_buffer("d2t", torch.arange(config.draft_vocab_size, dtype=torch.long))
-        else:
-            self.d2t = None
+        d2t = None if config.draft_vocab_size is None else torch.arange(config.draft_vocab_size, dtype=torch.long)
+        self.register_buffer("d2t", d2t)  # a None buffer is left out of the state dict
         self._binding: _TargetBinding | None = None
         self.post_init()
 
@@ -146,6 +144,22 @@ class EagleDraftModel(PreTrainedModel):
     @property
     def draft_vocab_size(self) -> int:
         return self.config.draft_vocab_size or self.config.vocab_size
+
+    def set_draft_vocab(self, token_ids: torch.LongTensor | None) -> "EagleDraftModel":
+        """Restricts drafting to the target tokens `token_ids` (N,), or with None to the full vocabulary."""
+        if token_ids is None:
+            self.d2t = None
+            self.config.draft_vocab_size = None
+        else:
+            token_ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.fc.weight.device).flatten()
+            if token_ids.numel() == 0 or int(token_ids.min()) < 0 or int(token_ids.max()) >= self.config.vocab_size:
+                raise ValueError("draft vocabulary ids must lie in [0, vocab_size)")
+            if token_ids.unique().numel() != token_ids.numel():
+                raise ValueError("draft vocabulary ids must be distinct")
+            self.d2t = token_ids
+            self.config.draft_vocab_size = token_ids.numel()
+        self._binding = None  # the borrowed lm_head rows change: bind again
+        return self
 
     def bind(self, target: PreTrainedModel) -> "EagleDraftModel":
         """Borrow `target`'s input embeddings and lm_head; moves the head to the lm_head's device and dtype.
@@ -256,13 +270,10 @@ class EagleDraftModel(PreTrainedModel):
         draft_vocab: torch.LongTensor | None = None,
         bias: bool = True,
         seed: int | None = None,
-        init_from_last_layer: bool = False,
     ) -> "EagleDraftModel":
         """A randomly initialised head sized to `target` and bound to it (for tests and training).
 
         draft_vocab: optional (N,) target token ids the head may propose (reduced draft vocabulary).
-        init_from_last_layer: start the decoder layer from the target's last layer and `fc` from
-        [0 | I] (a warm start that makes the untrained head already predict something sensible).
         """
         config = cls.config_for_target(
             target, bias=bias, draft_vocab_size=None if draft_vocab is None else int(draft_vocab.numel())
@@ -271,33 +282,10 @@ class EagleDraftModel(PreTrainedModel):
             torch.manual_seed(seed)
         model = cls(config)
         if draft_vocab is not None:
-            model.d2t.copy_(draft_vocab.to(torch.long))
-        if init_from_last_layer:
-            model._init_from_target_layer(target)
+            model.set_draft_vocab(draft_vocab)
         weight = target.get_output_embeddings().weight
         model.to(device=weight.device, dtype=weight.dtype)
         return model.bind(target).eval()
-
-    @torch.no_grad()
-    def _init_from_target_layer(self, target: PreTrainedModel) -> None:
-        last = target.get_decoder().layers[-1]
-        own = self.layers[0]
-        pairs = [(own.self_attn, getattr(last, "self_attn", None)), (own.mlp, getattr(last, "mlp", None))]
-        for mine, theirs in pairs:
-            if theirs is None:
-                continue
-            for name, param in mine.named_parameters():
-                src = dict(theirs.named_parameters()).get(name)
-                if src is not None and src.shape == param.shape:
-                    param.copy_(src)
-        norm = getattr(last, "post_attention_layernorm", None)
-        if norm is not None and norm.weight.shape == own.post_attention_layernorm.weight.shape:
-            own.post_attention_layernorm.weight.copy_(norm.weight)
-        hidden = self.config.hidden_size
-        self.fc.weight.zero_()
-        self.fc.weight[:, hidden:].copy_(torch.eye(hidden))
-        if self.fc.bias is not None:
-            self.fc.bias.zero_()
 
     def _init_weights(self, module):
         std = self.config.initializer_range

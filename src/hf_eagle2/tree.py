@@ -202,7 +202,9 @@ def build_dynamic_tree(
         m = min(total_tokens, frontier_all.shape[1])
         order = frontier_all[:, :m]
     selected = torch.sort(order, dim=1).values  # depth-major: parents first
-    return _assemble(root_tokens, selected, tokens, parent, depths, score, local, num_cand)
+    tree = _assemble(root_tokens, selected, tokens, parent, depths, score, local, num_cand)
+    tree.extras.update(candidate_scores=score, selected=selected)
+    return tree
 
 
 def _assemble(root_tokens, selected, tokens, parent, depths, score, local, num_cand) -> DraftTree:

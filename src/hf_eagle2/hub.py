@@ -1,0 +1,33 @@
+"""Publishing a head folder (card, config, weights, calibration plot) to the Hugging Face Hub."""
+
+from __future__ import annotations
+
+import os
+
+REQUIRED = ("config.json", "model.safetensors")
+UPLOADED = ("README.md", "config.json", "model.safetensors", "calibration.png", "tau_curve.png", "results.json")
+
+
+def check_head_folder(folder: str) -> list[str]:
+    """The files of `folder` that go to the Hub; raises if the head itself is missing."""
+    missing = [f for f in REQUIRED if not os.path.exists(os.path.join(folder, f))]
+    if missing:
+        raise FileNotFoundError(f"{folder} is not a head folder: missing {missing}")
+    return [f for f in UPLOADED if os.path.exists(os.path.join(folder, f))]
+
+
+def push_head_folder(folder: str, repo_id: str, *, token: str | None = None, private: bool = False,
+                     commit_message: str = "Upload EAGLE-2 draft head", api=None) -> str:  # fmt: skip
+    """Creates `repo_id` (if needed) and uploads the head folder's card, config and weights. Returns the commit URL.
+
+    `api` defaults to `huggingface_hub.HfApi(token=token)`; tests pass a stand-in to stop at the network boundary."""
+    files = check_head_folder(folder)
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+    api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+    info = api.upload_folder(
+        folder_path=folder, repo_id=repo_id, repo_type="model", allow_patterns=files, commit_message=commit_message
+    )
+    return str(getattr(info, "commit_url", info))

@@ -1,0 +1,1 @@
+"""Training EAGLE heads: data (ShareGPT), feature extraction / self-distillation, loss, training loop."""

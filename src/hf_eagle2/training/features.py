@@ -1,0 +1,239 @@
+"""Feature extraction: run the frozen target over conversations and store, per token, its final hidden state
+(after the final norm: the lm_head input), the token id and the assistant loss mask.
+
+Two sources of assistant text:
+
+* `responses="sharegpt"`: the ShareGPT conversations as written (the EAGLE-1/2 recipe);
+* `responses="target"`: self-distillation. The target answers each conversation's first user turn greedily and
+  the features are captured while it generates (one pass, no second forward). A head trained on the target's
+  own outputs sees at training time exactly the text it has to predict at inference time.
+
+Storage: fp16 shards (`shard_00000.safetensors`, one per batch) with `input_ids` (N,), `features` (N, H),
+`loss_mask` (N,) and `offsets` (S + 1,) over the S sequences. Shards are written atomically and named by their
+batch index over a deterministic ordering of the data, so a stopped run resumes where it left off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+from transformers.cache_utils import StaticCache
+
+from .data import Conversation, iter_sharegpt, render_with_loss_mask
+
+
+@dataclass
+class Sequence:
+    input_ids: torch.Tensor  # (T,) int64
+    features: torch.Tensor  # (T, H) fp16
+    loss_mask: torch.Tensor  # (T,) bool
+
+
+def first_turn_prompt(tokenizer, conversation: Conversation) -> list[int] | None:
+    """Chat-template ids of the conversation up to its first user turn, with the generation prompt."""
+    messages = []
+    for m in conversation.messages:
+        messages.append(m)
+        if m["role"] == "user":
+            break
+    if messages[-1]["role"] != "user":
+        return None
+    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int], pad_id: int):
+    """Batched greedy generation that keeps every token's final hidden state.
+
+    Rows leave the batch (and the cache) as soon as they finish. Returns, per prompt, (ids (T,), features
+    (T, H) float, response_start) with T = prompt + response tokens; the response ends with the first EOS or
+    after max_new_tokens tokens."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    device = head.weight.device
+    ids, attn = _left_pad(prompts, pad_id, device)
+    bsz, width = ids.shape
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    # a preallocated cache: a growing (concatenated) cache would copy itself at every step
+    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
+    hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache).last_hidden_state
+    out_tokens = [[] for _ in range(bsz)]
+    out_feats = [[] for _ in range(bsz)]
+    eos = torch.tensor(eos_ids, device=device)
+    rows = torch.arange(bsz, device=device)  # original index of each active row
+    nxt = head(hidden[:, -1]).argmax(-1)
+    next_pos = pos[:, -1] + 1
+    prompt_feats = [hidden[b, width - len(p) :].float().cpu() for b, p in enumerate(prompts)]
+    for step in range(max_new_tokens):
+        attn = torch.cat([attn, torch.ones(attn.shape[0], 1, dtype=attn.dtype, device=device)], dim=1)
+        hidden = decoder(
+            input_ids=nxt.view(-1, 1), attention_mask=attn, position_ids=next_pos.view(-1, 1), cache=cache
+        ).last_hidden_state[:, 0]
+        for i, b in enumerate(rows.tolist()):
+            out_tokens[b].append(nxt[i : i + 1])
+            out_feats[b].append(hidden[i : i + 1])
+        finished = torch.isin(nxt, eos)
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            break
+        if bool(finished.any()):
+            keep = (~finished).nonzero().squeeze(-1)
+            _select_rows(cache, keep)
+            rows, attn, next_pos, hidden = rows[keep], attn[keep], next_pos[keep], hidden[keep]
+        nxt = head(hidden).argmax(-1)
+        next_pos = next_pos + 1
+    out = []
+    for b, prompt in enumerate(prompts):
+        seq_ids = torch.cat([torch.tensor(prompt, device=device), *out_tokens[b]]).cpu()
+        seq_feats = torch.cat([prompt_feats[b], torch.cat(out_feats[b]).float().cpu()])
+        out.append((seq_ids, seq_feats, len(prompt)))
+    return out
+
+
+def _select_rows(cache: StaticCache, keep: torch.LongTensor) -> None:
+    """Keeps only the batch rows `keep` of a StaticCache (rows that finished generating leave the batch)."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False):
+            layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+            layer.batch_size = keep.numel()
+
+
+@torch.inference_mode()
+def forward_features(model, rows: list[list[int]], pad_id: int) -> list[torch.Tensor]:
+    """Final hidden states (T_i, H) of each row under one padded forward."""
+    decoder = model.get_decoder()
+    device = model.get_output_embeddings().weight.device
+    ids, attn = _left_pad(rows, pad_id, device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    width = ids.shape[1]
+    return [hidden[i, width - len(r) :].float().cpu() for i, r in enumerate(rows)]
+
+
+def _batches(items: list, batch_size: int, bucket: int = 8) -> list[list]:
+    """Deterministic batches of similar lengths: sort each window of batch_size * bucket items by length."""
+    out = []
+    for start in range(0, len(items), batch_size * bucket):
+        window = sorted(items[start : start + batch_size * bucket], key=lambda item: len(item[1]))
+        out += [window[i : i + batch_size] for i in range(0, len(window), batch_size)]
+    return out
+
+
+def extract_features(
+    model,
+    tokenizer,
+    out_dir: str,
+    *,
+    responses: str = "target",
+    split: str = "train",
+    max_tokens: int | None = None,
+    max_conversations: int | None = None,
+    max_prompt_tokens: int = 512,
+    max_new_tokens: int = 384,
+    max_seq_tokens: int = 1024,
+    batch_size: int = 32,
+    sharegpt_file: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """Writes feature shards to `out_dir` until `max_tokens` tokens (or the data) are exhausted. Resumable."""
+    if responses not in ("target", "sharegpt"):
+        raise ValueError("responses must be 'target' or 'sharegpt'")
+    os.makedirs(out_dir, exist_ok=True)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eos = model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
+    items = []
+    for conv in iter_sharegpt(sharegpt_file, split=split):
+        if responses == "target":
+            prompt = first_turn_prompt(tokenizer, conv)
+            if prompt is None or len(prompt) > max_prompt_tokens:
+                continue
+            items.append((conv.id, prompt, None))
+        else:
+            ids, mask = render_with_loss_mask(tokenizer, conv.messages, max_tokens=max_seq_tokens)
+            if sum(mask) == 0:
+                continue
+            items.append((conv.id, ids, mask))
+        if max_conversations is not None and len(items) >= max_conversations:
+            break
+    batches = _batches(items, batch_size)
+    meta = {"responses": responses, "split": split, "max_new_tokens": max_new_tokens, "hidden_size": None}
+    done_tokens = sum(_shard_tokens(out_dir, i) for i in range(len(batches)))
+    bar = tqdm(total=max_tokens or None, initial=done_tokens, unit="tok", desc=f"features[{responses}]", disable=not progress)
+    for index, batch in enumerate(batches):
+        path = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
+        if os.path.exists(path):
+            continue
+        if max_tokens is not None and done_tokens >= max_tokens:
+            break
+        if responses == "target":
+            results = generate_with_features(model, [b[1] for b in batch], max_new_tokens, eos_ids, pad_id)
+            seqs = []
+            for ids, feats, start in results:
+                mask = torch.zeros(ids.numel(), dtype=torch.bool)
+                mask[start:] = True
+                seqs.append(Sequence(ids, feats.half(), mask))
+        else:
+            feats = forward_features(model, [b[1] for b in batch], pad_id)
+            seqs = [Sequence(torch.tensor(b[1]), f.half(), torch.tensor(b[2], dtype=torch.bool)) for b, f in zip(batch, feats)]
+        meta["hidden_size"] = seqs[0].features.shape[-1]
+        num = write_shard(path, seqs, ids=[b[0] for b in batch])
+        done_tokens += num
+        bar.update(num)
+    bar.close()
+    meta["tokens"] = done_tokens
+    meta["shards"] = sum(1 for f in os.listdir(out_dir) if f.startswith("shard_"))
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+    return meta
+
+
+def write_shard(path: str, seqs: list[Sequence], ids: list[str] | None = None) -> int:
+    lengths = torch.tensor([s.input_ids.numel() for s in seqs])
+    tensors = {
+        "input_ids": torch.cat([s.input_ids for s in seqs]).to(torch.int32),
+        "features": torch.cat([s.features for s in seqs]).to(torch.float16).contiguous(),
+        "loss_mask": torch.cat([s.loss_mask for s in seqs]).to(torch.uint8),
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+    }
+    if not torch.isfinite(tensors["features"].float()).all():
+        raise ValueError("features overflow fp16")
+    tmp = path + ".tmp"
+    save_file(tensors, tmp, metadata={"ids": json.dumps(ids or [])})
+    os.replace(tmp, path)
+    return int(lengths.sum())
+
+
+def _shard_tokens(out_dir: str, index: int) -> int:
+    path = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
+    if not os.path.exists(path):
+        return 0
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        return int(f.get_slice("offsets")[-1:][0])
+
+
+def iter_shards(paths: list[str]) -> Iterator[Sequence]:
+    """Sequences of every shard under the given folders, in shard order."""
+    for folder in paths:
+        for name in sorted(f for f in os.listdir(folder) if f.startswith("shard_") and f.endswith(".safetensors")):
+            data = load_file(os.path.join(folder, name))
+            offsets = data["offsets"].tolist()
+            for a, b in zip(offsets[:-1], offsets[1:]):
+                yield Sequence(data["input_ids"][a:b].long(), data["features"][a:b], data["loss_mask"][a:b].bool())

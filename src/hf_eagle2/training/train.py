@@ -1,0 +1,321 @@
+"""Training an EAGLE-1/2 head on stored target features.
+
+Loss, as in EAGLE-1/2, at every position t whose next token is an assistant token:
+
+    input   (feature_t + noise, token_{t+1})            noise ~ U(-a, a), a = noise_std / 2 * 512 / seq_len
+    output  feature^_{t+1} = head(...)
+    loss    SmoothL1(feature^_{t+1}, feature_{t+1})  +  ce_weight * CE(p, softmax(W feature^_{t+1}))
+
+where p = softmax(W feature_{t+1}) is the target's own next-token distribution (soft labels) and W is the target's
+lm_head restricted to the draft vocabulary (all of it when `draft_vocab_size` is None; otherwise the N most
+frequent assistant tokens of the training data, as in EAGLE-3 / FR-Spec, with p renormalised over them).
+
+AdamW with linear warm-up and cosine decay, gradient clipping and a seed. The batch order of every epoch is a
+function of (seed, epoch) and the noise of every step a function of (seed, step), so a run stopped at any
+checkpoint and resumed reproduces the uninterrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..modeling_eagle import EagleDraftModel
+from .features import iter_shards
+
+
+@dataclass
+class TrainConfig:
+    data: list[str]
+    out: str
+    val_data: list[str] = field(default_factory=list)
+    draft_vocab_size: int | None = 8192
+    epochs: float = 4.0
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    batch_tokens: int = 8192
+    max_seq_len: int = 1024
+    grad_clip: float = 0.5
+    weight_decay: float = 0.0
+    ce_weight: float = 0.1
+    noise_std: float = 0.2
+    seed: int = 0
+    save_every: int = 100
+    eval_every: int = 200
+    max_steps: int | None = None  # stop early (the schedule still spans `epochs`)
+    snapshot_every_tokens: int | None = None  # also keep head snapshots (for τ-vs-tokens curves)
+    threads: int | None = None
+
+
+@dataclass
+class FeatureSet:
+    """All sequences in memory: ids (N,), features (N, H) fp16, mask (N,) bool, offsets (S + 1,)."""
+
+    ids: torch.Tensor
+    features: torch.Tensor
+    mask: torch.Tensor
+    offsets: torch.Tensor
+
+    @staticmethod
+    def load(folders: list[str], max_seq_len: int) -> "FeatureSet":
+        ids, feats, masks, lengths = [], [], [], []
+        for seq in iter_shards(folders):
+            n = min(seq.input_ids.numel(), max_seq_len)
+            if n < 3 or not bool(seq.loss_mask[1:n].any()):
+                continue
+            ids.append(seq.input_ids[:n])
+            feats.append(seq.features[:n])
+            masks.append(seq.loss_mask[:n])
+            lengths.append(n)
+        if not ids:
+            raise ValueError(f"no usable sequences in {folders}")
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(lengths).cumsum(0)])
+        return FeatureSet(torch.cat(ids), torch.cat(feats), torch.cat(masks), offsets)
+
+    @property
+    def num_sequences(self) -> int:
+        return self.offsets.numel() - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        """Right-padded batch of sequences: ids (B, T), features (B, T, H) float, mask (B, T), valid (B, T)."""
+        lengths = [int(self.offsets[i + 1] - self.offsets[i]) for i in indices]
+        width = max(lengths)
+        hidden = self.features.shape[-1]
+        ids = torch.zeros(len(indices), width, dtype=torch.long)
+        feats = torch.zeros(len(indices), width, hidden)
+        mask = torch.zeros(len(indices), width, dtype=torch.bool)
+        for row, (i, n) in enumerate(zip(indices, lengths)):
+            a = int(self.offsets[i])
+            ids[row, :n] = self.ids[a : a + n]
+            feats[row, :n] = self.features[a : a + n].float()
+            mask[row, :n] = self.mask[a : a + n]
+        return {"ids": ids, "features": feats, "mask": mask}
+
+
+def token_frequencies(data: FeatureSet, vocab_size: int) -> torch.Tensor:
+    """Counts of every token in assistant positions (the tokens the draft has to propose)."""
+    return torch.bincount(data.ids[data.mask], minlength=vocab_size)
+
+
+def select_draft_vocab(counts: torch.Tensor, size: int, always: list[int] = ()) -> torch.Tensor:
+    """The `size` most frequent token ids (ties by id), forced to include `always` (e.g. EOS), sorted by id."""
+    order = torch.argsort(counts, descending=True, stable=True)
+    chosen = list(dict.fromkeys([*always, *order.tolist()]))[:size]
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def epoch_batches(lengths: torch.Tensor, batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Shuffled batches of similar-length sequences with (rows x longest row) <= batch_tokens."""
+    rng = random.Random(seed * 1000003 + epoch)
+    order = list(range(lengths.numel()))
+    rng.shuffle(order)
+    batches = []
+    window = 64  # sort within windows of 64 sequences to limit padding, keep the shuffle otherwise
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start : start + window], key=lambda i: int(lengths[i]))
+        current, longest = [], 0
+        for i in chunk:
+            n = int(lengths[i])
+            if current and max(longest, n) * (len(current) + 1) > batch_tokens:
+                batches.append(current)
+                current, longest = [], 0
+            current.append(i)
+            longest = max(longest, n)
+        if current:
+            batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, noise_std: float, ce_weight: float,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:  # fmt: skip
+    """EAGLE-1/2 loss on a right-padded batch; lm_weight: (N, H) target lm_head rows of the draft vocabulary."""
+    ids, feats, mask = batch["ids"], batch["features"], batch["mask"]
+    bsz, width, hidden = feats.shape
+    device = lm_weight.device
+    ids, feats, mask = ids.to(device), feats.to(device), mask.to(device)
+    inputs = feats[:, :-1]
+    if noise_std > 0:
+        amplitude = noise_std / 2 * 512 / width
+        noise = torch.rand(inputs.shape, generator=generator, device="cpu").to(device)
+        inputs = inputs + (noise * 2 - 1) * amplitude
+    positions = torch.arange(width - 1, device=device).expand(bsz, width - 1)
+    with torch.no_grad():
+        embeds = head.embed(ids[:, 1:])  # the target's (frozen) embeddings
+    pred, _ = head(None, inputs, positions, inputs_embeds=embeds)
+    target = feats[:, 1:]
+    sel = mask[:, 1:]
+    pred_sel, target_sel = pred[sel], target[sel]  # (M, H): only positions that predict assistant tokens
+    feature_loss = F.smooth_l1_loss(pred_sel, target_sel, reduction="none").mean(-1).mean()
+    with torch.no_grad():
+        target_p = F.softmax(F.linear(target_sel, lm_weight), dim=-1)
+    logq = F.log_softmax(F.linear(pred_sel, lm_weight), dim=-1)
+    ce = -(target_p * logq).sum(-1).mean()
+    loss = feature_loss + ce_weight * ce
+    with torch.no_grad():
+        acc = (logq.argmax(-1) == target_p.argmax(-1)).float().mean()
+    return loss, {"loss": loss.item(), "feature_loss": feature_loss.item(), "ce": ce.item(), "acc": acc.item(),
+                  "tokens": int(sel.sum())}  # fmt: skip
+
+
+class Trainer:
+    """Holds the head, optimizer, schedule and data; `run()` trains with checkpoints, resuming if one exists."""
+
+    def __init__(self, config: TrainConfig, target_model, *, data: FeatureSet | None = None,
+                 val_data: FeatureSet | None = None, progress: bool = True):  # fmt: skip
+        self.config = config
+        self.progress = progress
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.data = data or FeatureSet.load(config.data, config.max_seq_len)
+        self.val = val_data if val_data is not None else (
+            FeatureSet.load(config.val_data, config.max_seq_len) if config.val_data else None
+        )  # fmt: skip
+        vocab = target_model.config.get_text_config().vocab_size
+        self.state_path = os.path.join(config.out, "checkpoint.pt")
+        torch.manual_seed(config.seed)
+        draft_vocab = None
+        if config.draft_vocab_size is not None:
+            eos = target_model.generation_config.eos_token_id
+            eos = [eos] if isinstance(eos, int) else list(eos or [])
+            draft_vocab = select_draft_vocab(token_frequencies(self.data, vocab), config.draft_vocab_size, eos)
+        self.head = EagleDraftModel.from_target(target_model, draft_vocab=draft_vocab, seed=config.seed).float()
+        self.head.bind(target_model)
+        self.lm_weight = self.head.binding.head_weight.float()
+        self.head.train()
+        params = [p for p in self.head.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
+        self.steps_per_epoch = len(epoch_batches(self.data.lengths(), config.batch_tokens, config.seed, 0))
+        self.total_steps = max(1, int(math.ceil(config.epochs * self.steps_per_epoch)))
+        self.step = 0
+        self.tokens_seen = 0
+        self.elapsed = 0.0
+        self.history: list[dict] = []
+
+    def lr_at(self, step: int) -> float:
+        c = self.config
+        if step < c.warmup_steps:
+            return c.lr * (step + 1) / c.warmup_steps
+        progress = min(1.0, (step - c.warmup_steps) / max(1, self.total_steps - c.warmup_steps))
+        return c.lr * (c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    def save_checkpoint(self) -> None:
+        os.makedirs(self.config.out, exist_ok=True)
+        state = {
+            "head": self.head.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "elapsed": self.elapsed,
+            "history": self.history,
+            "config": asdict(self.config),
+        }
+        tmp = self.state_path + ".tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.state_path)
+
+    def load_checkpoint(self) -> bool:
+        if not os.path.exists(self.state_path):
+            return False
+        state = torch.load(self.state_path, map_location="cpu", weights_only=False)
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+        self.tokens_seen = state["tokens_seen"]
+        self.elapsed = state["elapsed"]
+        self.history = state["history"]
+        return True
+
+    @torch.no_grad()
+    def evaluate(self, max_batches: int = 20) -> dict:
+        if self.val is None:
+            return {}
+        self.head.eval()
+        sums = {"loss": 0.0, "feature_loss": 0.0, "ce": 0.0, "acc": 0.0}
+        total = 0
+        for indices in epoch_batches(self.val.lengths(), self.config.batch_tokens, 0, 0)[:max_batches]:
+            _, info = eagle_loss(self.head, self.lm_weight, self.val.batch(indices), 0.0, self.config.ce_weight)
+            for k in sums:
+                sums[k] += info[k] * info["tokens"]
+            total += info["tokens"]
+        self.head.train()
+        return {f"val_{k}": v / max(total, 1) for k, v in sums.items()}
+
+    def train_step(self, indices: list[int]) -> dict:
+        c = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        generator = torch.Generator().manual_seed(c.seed * 7919 + self.step)
+        loss, info = eagle_loss(self.head, self.lm_weight, self.data.batch(indices), c.noise_std, c.ce_weight, generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        info["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), c.grad_clip))
+        self.optimizer.step()
+        return info
+
+    def run(self, resume: bool = True) -> EagleDraftModel:
+        c = self.config
+        if resume:
+            self.load_checkpoint()
+        last = self.total_steps if c.max_steps is None else min(self.total_steps, c.max_steps)
+        bar = tqdm(total=last, initial=self.step, desc="train", unit="step", disable=not self.progress)
+        epoch_cache: dict[int, list[list[int]]] = {}
+        while self.step < last:
+            epoch, index = divmod(self.step, self.steps_per_epoch)
+            if epoch not in epoch_cache:
+                epoch_cache = {epoch: epoch_batches(self.data.lengths(), c.batch_tokens, c.seed, epoch)}
+            start = time.perf_counter()
+            info = self.train_step(epoch_cache[epoch][index])
+            self.elapsed += time.perf_counter() - start
+            self.step += 1
+            batch_tokens = sum(int(self.data.offsets[i + 1] - self.data.offsets[i]) for i in epoch_cache[epoch][index])
+            self.tokens_seen += batch_tokens
+            info.update(step=self.step, lr=self.lr_at(self.step - 1), tokens_seen=self.tokens_seen, batch_tokens=batch_tokens)
+            if self.step % c.eval_every == 0 or self.step == last:
+                info.update(self.evaluate())
+            self.history.append(info)
+            bar.set_postfix(loss=f"{info['loss']:.3f}", acc=f"{info['acc']:.3f}")
+            bar.update(1)
+            if c.snapshot_every_tokens and self.tokens_seen // c.snapshot_every_tokens > (
+                self.tokens_seen - self.history[-1]["batch_tokens"]
+            ) // c.snapshot_every_tokens:
+                self.head.save_pretrained(os.path.join(c.out, "snapshots", f"tokens_{self.tokens_seen:010d}"))
+            if self.step % c.save_every == 0 or self.step == last:
+                self.save_checkpoint()
+        bar.close()
+        self.head.eval()
+        return self.head
+
+    def save_head(self, folder: str, extra: dict | None = None) -> None:
+        """The trained head (config + safetensors) and a training summary `training.json`."""
+        self.head.save_pretrained(folder)
+        summary = {
+            "config": asdict(self.config),
+            "steps": self.step,
+            "epochs": self.step / self.steps_per_epoch,
+            "tokens_seen": self.tokens_seen,
+            "train_tokens": self.data.num_tokens,
+            "train_sequences": self.data.num_sequences,
+            "train_seconds": self.elapsed,
+            "head_parameters": self.head.num_head_parameters(),
+            "final": self.history[-1] if self.history else {},
+            **(extra or {}),
+        }
+        with open(os.path.join(folder, "training.json"), "w") as f:
+            json.dump(summary, f, indent=2)

@@ -1,0 +1,198 @@
+"""Greedy identity of tree speculation against plain generate on tiny random Llama, Qwen2 and Gemma3 models."""
+
+import pytest
+import torch
+from conftest import tiny_model, trained_tiny_draft
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hf_eagle2 import EagleDraftModel
+
+FAMILIES = ["llama", "qwen2", "gemma3"]
+TREES = [
+    dict(tree="eagle2", tree_total_tokens=12, tree_depth=4, tree_top_k=4),
+    dict(tree="eagle2"),  # paper defaults: m=60, depth 6, k=10
+    dict(tree="eagle1"),
+    dict(tree="chain", tree_depth=3),
+]
+
+
+def prompts(n, seed, lo=1, hi=30):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 32, (1, int(torch.randint(lo, hi, (1,), generator=g))), generator=g) for _ in range(n)]
+
+
+def plain(model, ids, **kw):
+    return model.generate(ids, do_sample=False, **kw)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_models(request):
+    model = tiny_model(request.param, seed=1)
+    return request.param, model, trained_tiny_draft(model, request.param)
+
+
+@pytest.mark.parametrize("tree_kwargs", TREES, ids=lambda kw: "-".join(str(v) for v in kw.values()))
+def test_greedy_identity(family_models, tree_kwargs):
+    family, model, draft = family_models
+    total_accepted = 0
+    for ids in prompts(6, seed=FAMILIES.index(family), hi=40 if family == "gemma3" else 30):
+        ref = plain(model, ids, max_new_tokens=40)
+        out = model.generate(ids, assistant_model=draft, max_new_tokens=40, return_dict_in_generate=True, **tree_kwargs)
+        assert torch.equal(out.sequences, ref), f"{family} {tree_kwargs} diverged"
+        stats = out.eagle_stats
+        assert stats.new_tokens == ref.shape[1] - ids.shape[1]
+        if stats.target_forwards:  # zero when the first token already ends generation
+            assert stats.tau == pytest.approx(stats.new_tokens / stats.target_forwards)
+        assert sum(stats.accept_hist) == stats.target_forwards
+        assert out.cache.get_seq_length() == out.sequences.shape[1] - 1  # all but the last token are cached
+        total_accepted += sum(n * c for n, c in enumerate(stats.accept_hist))
+    assert total_accepted > 0  # the small vocabulary makes random drafts agree sometimes: paths are exercised
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    family=st.sampled_from(FAMILIES),
+    m=st.integers(1, 40),
+    depth=st.integers(1, 7),
+    k=st.integers(1, 8),
+    prompt_len=st.integers(1, 30),
+    seed=st.integers(0, 10_000),
+    max_new=st.integers(1, 25),
+)
+def test_property_greedy_identity(family, m, depth, k, prompt_len, seed, max_new):
+    model = _cached_model(family)
+    draft = _cached_draft(family)
+    ids = torch.randint(3, 32, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    ref = plain(model, ids, max_new_tokens=max_new)
+    out = model.generate(
+        ids, assistant_model=draft, tree="eagle2", tree_total_tokens=m, tree_depth=depth, tree_top_k=k, max_new_tokens=max_new
+    )
+    assert torch.equal(out, ref)
+
+
+_MODELS = {}
+
+
+def _cached_model(family):
+    if family not in _MODELS:
+        _MODELS[family] = tiny_model(family, seed=5)
+    return _MODELS[family]
+
+
+def _cached_draft(family):
+    key = family + "-draft"
+    if key not in _MODELS:
+        _MODELS[key] = EagleDraftModel.from_target(_cached_model(family), seed=6)
+    return _MODELS[key]
+
+
+def test_eos_inside_accepted_path_stops_exactly():
+    model = tiny_model("llama", seed=7)
+    draft = EagleDraftModel.from_target(model, seed=8)
+    stopped = 0
+    for ids in prompts(12, seed=3):
+        free = plain(model, ids, max_new_tokens=30)
+        generated = free[0, ids.shape[1] :].tolist()
+        eos = max(set(generated[2:]), key=generated.count) if len(generated) > 2 else generated[-1]
+        ref = plain(model, ids, max_new_tokens=30, eos_token_id=eos)
+        for tree in ("eagle2", "eagle1", "chain"):
+            out = model.generate(ids, assistant_model=draft, tree=tree, max_new_tokens=30, eos_token_id=eos)
+            assert torch.equal(out, ref)
+        stopped += int(ref.shape[1] < free.shape[1])
+    assert stopped > 0
+
+
+def test_eos_list_and_max_length():
+    model = tiny_model("qwen2", seed=9)
+    draft = EagleDraftModel.from_target(model, seed=10)
+    for ids in prompts(5, seed=4):
+        for kw in (dict(eos_token_id=[5, 7, 11], max_new_tokens=20), dict(max_length=ids.shape[1] + 7)):
+            ref = plain(model, ids, **kw)
+            assert torch.equal(model.generate(ids, assistant_model=draft, tree="eagle2", tree_top_k=6, **kw), ref)
+
+
+def test_scores_and_logits_match_plain():
+    model = tiny_model("llama", seed=11)
+    draft = EagleDraftModel.from_target(model, seed=12)
+    ids = prompts(1, seed=5)[0]
+    kw = dict(max_new_tokens=15, return_dict_in_generate=True, output_scores=True, output_logits=True)
+    ref = plain(model, ids, **kw)
+    out = model.generate(ids, assistant_model=draft, tree="eagle2", **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.scores) == len(ref.scores) == 15
+    for a, b in zip(out.scores + out.logits, ref.scores + ref.logits):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_stock_assisted_loop_with_eagle_chain():
+    """Without tree=, an EAGLE head runs in the stock assisted-decoding loop as a chain CandidateGenerator."""
+    model = tiny_model("llama", seed=13)
+    draft = EagleDraftModel.from_target(model, seed=14)
+    for ids in prompts(4, seed=6):
+        ref = plain(model, ids, max_new_tokens=25)
+        assert torch.equal(model.generate(ids, assistant_model=draft, max_new_tokens=25), ref)
+        assert torch.equal(model.generate(ids, assistant_model=draft, tree_depth=3, max_new_tokens=25), ref)
+
+
+def test_generation_config_fields():
+    from transformers import GenerationConfig
+
+    model = tiny_model("llama", seed=15)
+    draft = EagleDraftModel.from_target(model, seed=16)
+    ids = prompts(1, seed=7)[0]
+    config = GenerationConfig(max_new_tokens=12, do_sample=False, tree="eagle2", tree_total_tokens=8, tree_top_k=3)
+    out = model.generate(ids, generation_config=config, assistant_model=draft, return_dict_in_generate=True)
+    assert out.eagle_stats.tree == "eagle2"
+    assert torch.equal(out.sequences, plain(model, ids, max_new_tokens=12))
+
+
+def test_plain_generate_is_untouched():
+    model = tiny_model("llama", seed=17)
+    ids = prompts(1, seed=8)[0]
+    import hf_eagle2
+
+    a = plain(model, ids, max_new_tokens=10)
+    hf_eagle2.unregister()
+    try:
+        b = plain(model, ids, max_new_tokens=10)
+    finally:
+        hf_eagle2.register()
+        hf_eagle2.register()  # idempotent
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="model_kwargs|not used"):
+        model.generate(ids, max_new_tokens=3, not_a_generate_kwarg=1)
+
+
+def test_clear_errors():
+    model = tiny_model("llama", seed=19)
+    draft = EagleDraftModel.from_target(model, seed=20)
+    ids = prompts(1, seed=9)[0]
+    with pytest.raises(ValueError, match="needs an EAGLE draft head"):
+        model.generate(ids, tree="eagle2", max_new_tokens=5)
+    with pytest.raises(ValueError, match="max_new_tokens must be at least 1"):
+        model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=0)
+    with pytest.raises(ValueError, match="tree must be one of"):
+        model.generate(ids, assistant_model=draft, tree="medusa", max_new_tokens=5)
+    with pytest.raises(ValueError, match="positive int"):
+        model.generate(ids, assistant_model=draft, tree="eagle2", tree_top_k=0, max_new_tokens=5)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model.generate(torch.randint(3, 32, (1, 600)), assistant_model=draft, tree="eagle2", max_new_tokens=5)
+    with pytest.raises(ValueError, match="beam search"):
+        model.generate(ids, assistant_model=draft, tree="eagle2", num_beams=2, max_new_tokens=5)
+    model.config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+            model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=5)
+    finally:
+        model.config._attn_implementation = "sdpa"
+
+
+def test_eager_attention_is_exact():
+    """Eager attention takes the additive float mask too (a bool mask would be silently wrong there)."""
+    model = tiny_model("llama", seed=21)
+    model.set_attn_implementation("eager")
+    draft = EagleDraftModel.from_target(model, seed=22)
+    for ids in prompts(4, seed=10):
+        ref = plain(model, ids, max_new_tokens=20)
+        assert torch.equal(model.generate(ids, assistant_model=draft, tree="eagle2", tree_top_k=6, max_new_tokens=20), ref)

@@ -1,0 +1,122 @@
+"""Loading and saving heads: official EAGLE-1/2 layout (.bin and safetensors), our own format, clear errors."""
+
+import json
+import os
+
+import pytest
+import torch
+from conftest import tiny_model
+from safetensors.torch import load_file, save_file
+
+from hf_eagle2 import EagleConfig, EagleDraftModel
+
+
+def official_config(head: EagleDraftModel) -> dict:
+    """A config.json as the official EAGLE repo ships it: Llama-style, one layer, optional bias."""
+    c = head.config
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": c.hidden_size, "initializer_range": 0.02,
+        "intermediate_size": c.intermediate_size, "max_position_embeddings": c.max_position_embeddings,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "rope_scaling": None,
+        "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.28.1",
+        "use_cache": True, "vocab_size": c.vocab_size, "bias": c.bias,
+    }  # fmt: skip
+
+
+def head_outputs(head, target):
+    head.bind(target)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 32, (2, 7), generator=g)
+    feats = torch.randn(2, 7, 64, generator=g)
+    out, _ = head(ids, feats, torch.arange(7).expand(2, 7))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["bin", "safetensors"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_official_checkpoint_round_trip(tmp_path, fmt, bias):
+    target = tiny_model("llama")
+    head = EagleDraftModel.from_target(target, seed=1, bias=bias)
+    state = {k: v.clone() for k, v in head.state_dict().items()}
+    state["embed_tokens.weight"] = torch.randn(32, 64)  # shipped by some official heads; must be ignored
+    (tmp_path / "config.json").write_text(json.dumps(official_config(head)))
+    if fmt == "bin":
+        torch.save(state, tmp_path / "pytorch_model.bin")
+    else:
+        save_file(state, str(tmp_path / "model.safetensors"))
+    loaded = EagleDraftModel.from_pretrained(str(tmp_path))
+    assert loaded.config.bias is bias and loaded.config.rope_theta == head.config.rope_theta
+    torch.testing.assert_close(head_outputs(loaded, target), head_outputs(head, target), atol=0, rtol=0)
+
+
+def test_save_pretrained_is_readable_as_official_layout(tmp_path):
+    target = tiny_model("llama")
+    head = EagleDraftModel.from_target(target, seed=2)
+    head.save_pretrained(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    assert "fc.weight" in tensors and "layers.0.self_attn.q_proj.weight" in tensors
+    assert not any("embed" in k for k in tensors)  # never duplicates the target's embeddings
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
+                "rms_norm_eps", "rope_theta", "bias", "num_hidden_layers", "max_position_embeddings"):  # fmt: skip
+        assert key in config, key
+    reloaded = EagleDraftModel.from_pretrained(str(tmp_path))
+    torch.testing.assert_close(head_outputs(reloaded, target), head_outputs(head, target), atol=0, rtol=0)
+
+
+def test_reduced_vocabulary_round_trip(tmp_path):
+    target = tiny_model("llama")
+    vocab = torch.tensor([2, 3, 5, 8, 13, 21])
+    head = EagleDraftModel.from_target(target, draft_vocab=vocab, seed=3)
+    assert head.binding.head_weight.shape == (6, 64)
+    head.save_pretrained(tmp_path)
+    loaded = EagleDraftModel.from_pretrained(str(tmp_path)).bind(target)
+    assert torch.equal(loaded.d2t, vocab) and loaded.config.draft_vocab_size == 6
+    assert torch.equal(loaded.to_target_ids(torch.tensor([0, 5])), torch.tensor([2, 21]))
+
+
+def test_auto_model_loads_heads(tmp_path):
+    from transformers import AutoConfig, AutoModel
+
+    head = EagleDraftModel.from_target(tiny_model("llama"), seed=4)
+    head.save_pretrained(tmp_path)
+    assert isinstance(AutoConfig.from_pretrained(str(tmp_path)), EagleConfig)
+    assert isinstance(AutoModel.from_pretrained(str(tmp_path)), EagleDraftModel)
+
+
+def test_unexpected_and_missing_tensors_are_named(tmp_path):
+    head = EagleDraftModel.from_target(tiny_model("llama"), seed=5)
+    state = dict(head.state_dict())
+    state["layers.0.input_layernorm.weight"] = torch.ones(64)
+    (tmp_path / "config.json").write_text(json.dumps(official_config(head)))
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="unexpected tensors.*input_layernorm"):
+        EagleDraftModel.from_pretrained(str(tmp_path))
+    del state["layers.0.input_layernorm.weight"], state["fc.weight"]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing tensors.*fc.weight"):
+        EagleDraftModel.from_pretrained(str(tmp_path))
+
+
+def test_full_model_config_is_rejected(tmp_path):
+    config = official_config(EagleDraftModel.from_target(tiny_model("llama")))
+    config["num_hidden_layers"] = 32
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="exactly one decoder layer"):
+        EagleDraftModel.from_pretrained(str(tmp_path))
+
+
+def test_mismatched_target_is_rejected():
+    head = EagleDraftModel.from_target(tiny_model("llama"))
+    with pytest.raises(ValueError, match="hidden size"):
+        head.bind(tiny_model("llama", hidden_size=32, intermediate_size=64))
+    with pytest.raises(ValueError, match="vocabulary size"):
+        head.bind(tiny_model("llama", vocab=40))
+
+
+def test_missing_folder_raises():
+    with pytest.raises(OSError):
+        EagleDraftModel.from_pretrained("/nonexistent/eagle-head", local_files_only=True)
