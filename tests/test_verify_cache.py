@@ -95,3 +95,58 @@ def test_smollm2_tree_pass_equals_sequential(smollm2):
 
     prefix = chat_ids(tokenizer, "Tell me about tree attention.")
     check_tree_pass(model, prefix, num_nodes=16, max_depth=5, seed=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_batched_rounds_with_holes_equal_sequential(family):
+    """Two tree rounds on a left-padded batch whose rows accept different lengths (holes in the cache):
+    every node's logits still equal a plain forward of that row's own sequence (gemma3: beyond its window)."""
+    model = tiny_model(family, seed=4)
+    target = TargetModel(model)
+    g = torch.Generator().manual_seed(4)
+    rows = [torch.randint(3, 32, (n,), generator=g) for n in (14, 6, 21)]
+    bsz, width = len(rows), max(len(r) for r in rows)
+    ids = torch.zeros(bsz, width, dtype=torch.long)
+    attn = torch.zeros(bsz, width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :], attn[i, width - len(r) :] = r, 1
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    target.forward(ids[:, :-1], pos[:, :-1], attn[:, :-1], cache)
+    slot_pos = torch.where(attn[:, :-1].bool(), pos[:, :-1], -1)
+    root_pos = attn.sum(-1) - 1
+    sequences = [r.tolist() for r in rows]  # real tokens, ending with the root
+    roots = ids[:, -1]
+    for round_ in range(2):
+        trees = [random_tree(int(roots[b]), 32, 10, 4, seed=100 * round_ + b) for b in range(bsz)]
+        tree = DraftTree(*(torch.cat([getattr(t, f) for t in trees]) for f in ("tokens", "parents", "depths", "ancestors", "scores", "local_logp")))
+        positions = root_pos.view(bsz, 1) + tree.depths
+        mask = target.tree_attention_mask(cache, tree, positions, slot_pos)
+        logits = target.logits(target.forward(tree.tokens, positions, mask, cache))
+        for b in range(bsz):
+            for i in range(tree.num_nodes):
+                path = path_to(DraftTree(*(getattr(tree, f)[b : b + 1] for f in ("tokens", "parents", "depths", "ancestors", "scores", "local_logp"))), i)
+                seq = torch.tensor([sequences[b] + tree.tokens[b, path].tolist()])
+                torch.testing.assert_close(logits[b, i], model(seq).logits[0, -1], atol=1e-4, rtol=1e-4)
+        # rows accept: the deepest node, a depth-1 node, nothing
+        accepted = []
+        for b, choice in enumerate(("deepest", "depth1", "root")):
+            t = DraftTree(*(getattr(tree, f)[b : b + 1] for f in ("tokens", "parents", "depths", "ancestors", "scores", "local_logp")))
+            node = {"deepest": int(t.depths[0].argmax()), "depth1": 1, "root": 0}[choice]
+            accepted.append([0] + path_to(t, node))
+        kept = torch.tensor([len(a) - 1 for a in accepted])
+        w = int(kept.max()) + 1
+        keep = torch.tensor([[a[0]] * (w - len(a)) + a for a in accepted])
+        holes = w - 1 - kept
+        prune_tree_cache(cache, keep, tree.num_nodes, holes=holes)
+        src = torch.arange(w).view(1, w) - holes.view(bsz, 1)
+        block_pos = torch.where(src >= 0, root_pos.view(bsz, 1) + src, -1)
+        slot_pos = torch.cat([slot_pos, block_pos], 1)
+        new_roots = torch.randint(3, 32, (bsz,), generator=g)
+        for b in range(bsz):
+            sequences[b] += tree.tokens[b, accepted[b][1:]].tolist() + [int(new_roots[b])]
+        root_pos = root_pos + kept + 1
+        roots = new_roots
+        assert cache.get_seq_length() == slot_pos.shape[1]

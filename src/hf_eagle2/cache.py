@@ -43,26 +43,50 @@ def _tree_start(layer, num_tree: int) -> int:
     return layer.keys.shape[-2] - num_tree
 
 
-def prune_tree_cache(cache: Cache, keep: torch.LongTensor, num_tree: int) -> None:
+def prune_tree_cache(
+    cache: Cache, keep: torch.LongTensor, num_tree: int, holes: torch.LongTensor | None = None
+) -> None:
     """Keeps, of the last `num_tree` tree entries of every layer, the nodes `keep` (B, n_keep), in that order.
 
-    keep[b] lists tree node indices (root first, then the accepted path by depth). Rows with fewer real nodes
-    repeat their last node; the caller masks such duplicates as holes.
+    keep[b] lists tree node indices (root first, then the accepted path by depth). In a batch, a row that
+    accepted fewer nodes starts its block with holes[b] filler entries (masked out by the caller). Full-attention
+    layers keep such holes in place; sliding-window layers close them up (each row's entries are shifted so
+    that its last `window - 1` real tokens stay contiguous), because a sliding layer only keeps a fixed number
+    of slots and a hole must not push a real token out of the window.
     """
     bsz, n_keep = keep.shape
     drop = num_tree - n_keep
     if drop < 0:
         raise ValueError("cannot keep more entries than the tree pass wrote")
     identity = bool((keep == torch.arange(n_keep, device=keep.device)).all())
+    compact = holes is not None and bool((holes > 0).any())
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False):
             continue
+        start = _tree_start(layer, num_tree)
         if not identity:
-            start = _tree_start(layer, num_tree)
             idx = (start + keep).to(layer.keys.device)
             for tensor in (layer.keys, layer.values):
                 heads, dim = tensor.shape[1], tensor.shape[-1]
                 moved = tensor.gather(2, idx.view(bsz, 1, n_keep, 1).expand(bsz, heads, n_keep, dim))
                 tensor[:, :, start : start + n_keep] = moved
+        if compact and getattr(layer, "is_sliding", False):
+            if not isinstance(layer, DynamicSlidingWindowLayer):
+                raise NotImplementedError("batched tree speculation with a static sliding-window cache is not supported")
+            _close_holes(layer, start, n_keep, holes.to(layer.keys.device))
         if isinstance(layer, DynamicSlidingWindowLayer) or drop:
             layer.crop(-drop)  # crop(0) also trims a recording sliding layer back to its window
+
+
+def _close_holes(layer, start: int, n_keep: int, holes: torch.LongTensor) -> None:
+    """Row b's block at [start, start + n_keep) begins with holes[b] fillers: shift the entries before its real
+    part right by holes[b], so each row's real entries end contiguous at the block's end (O(window) work)."""
+    bsz = holes.numel()
+    end = start + n_keep
+    slots = torch.arange(end, device=holes.device).view(1, end)
+    shift = holes.view(bsz, 1)
+    src = torch.where(slots >= start + shift, slots, (slots - shift).clamp(min=0))
+    for tensor in (layer.keys, layer.values):
+        heads, dim = tensor.shape[1], tensor.shape[-1]
+        moved = tensor[:, :, :end].gather(2, src.view(bsz, 1, end, 1).expand(bsz, heads, end, dim))
+        tensor[:, :, :end] = moved

@@ -9,6 +9,8 @@ import sys
 
 
 DEFAULT_HEAD = os.path.join("model_cards", "smollm2-135m-instruct-eagle2")
+DEFAULT_BENCH_METHODS = ("plain", "prompt_lookup", "assisted_chain", "eagle1", "eagle2",
+                         "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither")  # fmt: skip
 
 
 def _threads(n: int | None) -> None:
@@ -88,6 +90,32 @@ def cmd_eval_head(args) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def cmd_bench(args) -> None:
+    from .assets import load_model
+    from .bench import markdown, run_bench, write_outputs
+    from .modeling_eagle import EagleDraftModel
+
+    _threads(args.threads)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    if args.draft and os.path.exists(os.path.join(args.draft, "config.json")) or "/" in (args.draft or "") and not os.path.exists(args.draft):
+        draft = EagleDraftModel.from_pretrained(args.draft)
+    else:
+        print(f"no head at {args.draft}: using a randomly initialised head")
+        draft = EagleDraftModel.from_target(model, seed=0)
+    params = {"m": args.tree_total_tokens, "depth": args.tree_depth, "k": args.tree_top_k, "chain_depth": args.chain_depth}
+    results = run_bench(
+        model, tokenizer, draft, datasets=args.dataset.split(","), methods=args.methods.split(","), limit=args.limit,
+        max_new_tokens=args.max_new_tokens, tree_params=params, threads=args.threads, second_turn=not args.first_turn_only,
+    )  # fmt: skip
+    results["meta"].update(model=args.model, draft=args.draft, dtype=args.dtype, command="hf-eagle2 bench " + " ".join(sys.argv[2:]))
+    write_outputs(results, args.out)
+    print(markdown(results))
+    print(f"results: {args.out}")
+    if not results["all_identical"]:
+        print("FAILURE: some methods did not reproduce plain greedy output (see failed_prompts)")
+        sys.exit(1)
 
 
 def cmd_card(args) -> None:
@@ -193,6 +221,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help="PNG reliability diagram")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_eval_head)
+
+    p = sub.add_parser("bench", help="benchmark speculative decoders side by side (interleaved, identity-checked)")
+    p.add_argument("--model", default="smollm2", help="local path, GGUF file, package:file.gguf or Hub id")
+    p.add_argument("--draft", default=DEFAULT_HEAD)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dataset", default="mtbench", help="comma list of mtbench, humaneval, builtin")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS))
+    _tree_args(p, total=16, depth=6, top_k=4)
+    p.add_argument("--chain-depth", type=int, default=4)
+    p.add_argument("--first-turn-only", action="store_true", help="skip MT-bench second turns")
+    p.add_argument("--out", default="runs/bench/results.json")
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("card", help="generate a head folder's README.md model card from its results.json")
     p.add_argument("--head", required=True)

@@ -28,7 +28,7 @@ from .candidate_generator import EagleCandidateGenerator, TreeOptions
 from .modeling_eagle import EagleDraftModel
 from .stats import EagleStats, Timer
 from .target import TargetModel
-from .verify import greedy_accept, process_node_logits
+from .verify import accept, process_node_logits, sample_choices
 
 
 @dataclass
@@ -51,7 +51,7 @@ def eagle_generate(
     streamer=None,
     **model_kwargs,
 ):
-    """Tree-speculative greedy decoding; the `custom_generate` body behind `generate(..., tree=...)`."""
+    """Tree-speculative decoding (greedy or sampling); the `custom_generate` body behind `generate(..., tree=...)`."""
     _check_supported(model, input_ids, generation_config, model_kwargs)
     target = TargetModel(model)
     cache = model_kwargs.get("cache")
@@ -76,6 +76,7 @@ def eagle_generate(
     pad_id = generation_config._pad_token_tensor
     pad_id = int(pad_id) if pad_id is not None else 0
 
+    do_sample = bool(generation_config.do_sample)
     stats = EagleStats(tree=options.tree, batch_size=bsz)
     stats.new_tokens_per_row = [0] * bsz
     stats.target_forwards_per_row = [0] * bsz
@@ -95,7 +96,7 @@ def eagle_generate(
         hidden = target.forward(input_ids, prompt_pos, attention_mask if not valid_prompt.all() else None, cache)
         raw = target.logits(hidden[:, -1])
         processed = logits_processor(input_ids, raw) if logits_processor else raw
-        first = processed.argmax(-1)
+        first = sample_choices(processed.unsqueeze(1))[:, 0] if do_sample else processed.argmax(-1)
     if want_scores:
         scores_out.append(processed[0])
         logits_out.append(raw[0])
@@ -127,7 +128,7 @@ def eagle_generate(
         with timer("bookkeeping_s"):
             rows = [sequences[b, : seq_len[b]] for b in range(bsz)]
             processed = process_node_logits(raw, tree, rows, logits_processor)
-            acc = greedy_accept(tree, processed.argmax(-1))
+            acc = accept(tree, sample_choices(processed) if do_sample else processed.argmax(-1))
             if calib is not None:
                 calib.add(tree, acc)
             counts = acc.num_accepted.tolist()
@@ -152,7 +153,7 @@ def eagle_generate(
             src = torch.arange(width, device=device).view(1, width) - (width - 1 - kept).view(bsz, 1)
             keep = acc.path.gather(1, src.clamp(min=0))
             in_block = src >= 0
-            prune_tree_cache(cache, keep, num_nodes)
+            prune_tree_cache(cache, keep, num_nodes, holes=width - 1 - kept)
             if cache.get_seq_length() != slot_pos.shape[1] - 1 + width:
                 raise RuntimeError("tree cache pruning left the cache out of sync with the accepted sequence")
             if not any(unfinished):
@@ -250,8 +251,6 @@ def _check_supported(model, input_ids, generation_config, model_kwargs) -> None:
         raise NotImplementedError("tree speculation supports decoder-only models")
     if (generation_config.num_beams or 1) > 1:
         raise ValueError("tree speculation cannot be combined with beam search (num_beams > 1)")
-    if generation_config.do_sample:
-        raise NotImplementedError("do_sample=True with tree speculation is not implemented yet")
     if model_kwargs.get("inputs_embeds") is not None:
         raise NotImplementedError("tree speculation needs input_ids, not inputs_embeds")
     if generation_config.output_attentions or generation_config.output_hidden_states:

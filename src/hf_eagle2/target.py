@@ -86,7 +86,15 @@ class TargetModel:
         masks = {}
         for layer_type, layer_idx in self.type_layer.items():
             window = self.sliding_window if layer_type == "sliding_attention" or len(self.type_layer) == 1 else None
-            masks[layer_type] = self._mask_for_layer(cache, layer_idx, tree, positions, slot_pos, window)
+            layer_pos = slot_pos
+            if window is not None and getattr(cache.layers[layer_idx], "is_sliding", False):
+                # batched pruning keeps each row's real tokens contiguous in sliding layers (see cache.py):
+                # cache index c holds logical position root - (past - c), if that is a real position
+                past = slot_pos.shape[1]
+                root = positions[:, :1]
+                layer_pos = root - past + torch.arange(past, device=root.device).view(1, past)
+                layer_pos = layer_pos.clamp(min=-1)  # every row's first real token has position 0
+            masks[layer_type] = self._mask_for_layer(cache, layer_idx, tree, positions, layer_pos, window)
         if len(masks) == 1:
             return next(iter(masks.values()))
         return masks

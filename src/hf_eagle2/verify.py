@@ -1,10 +1,26 @@
-"""Tree verification: per-node logits processing and greedy acceptance.
+"""Tree verification: per-node logits processing, the target's choice at every node, and acceptance.
 
-Given the target's logits at every tree node (one forward over the whole tree), node i is *correct* when its
-token is the target's choice at its parent, and *valid* when it and all its ancestors are correct. Greedy
-decoding accepts the deepest valid node's path (siblings carry distinct tokens, so at most one valid node per
-depth) plus the bonus token: the target's choice at that node. This is exactly the sequence plain greedy
-decoding produces, one token per step, because every accepted token is the target's argmax given its own prefix.
+Given the target's logits at every tree node (one forward over the whole tree), each node gets the target's
+*choice*: the argmax of its processed logits (greedy) or one token sampled from its processed distribution
+(sampling). Node i is *correct* when its token is the choice at its parent, and *valid* when it and all its
+ancestors are correct. The accepted path is the deepest valid node's path (siblings carry distinct tokens, so
+at most one valid node per depth), and the bonus token is the choice at that node.
+
+Why this is exact:
+
+* Greedy: every accepted token, and the bonus, is the target's argmax given its own prefix, which is what plain
+  greedy decoding emits one step at a time.
+* Sampling (`sample_choices`): this is multi-draft speculative sampling with deterministic drafts (the top-k
+  children are proposals with point-mass draft distributions q = 1). Recursive rejection over the children
+  c_1..c_r of an accepted node u accepts c_1 with probability p(c_1) and otherwise renormalises p without c_1
+  and moves on; after r rejections it samples from p without {c_1..c_r}. Its outcome has exactly the law of
+  one draw x ~ p(. | prefix of u), continuing into the child whose token is x if there is one, and emitting x
+  as the bonus token otherwise: P(c_i) = prod_{j<i}(1 - p(c_j)/(1 - sum_{l<j} p(c_l))) * p(c_i)/(1 - sum_{l<i} p(c_l))
+  = p(c_i), and every other token x keeps p(x). So each emitted token is drawn from the target's (warped)
+  distribution given exactly its own prefix: by the chain rule the sequence has the law of plain sampling.
+  Drawing the x of every node up front, independently, changes nothing: the draw at u is only *used* when u
+  is reached, and reaching u depends only on draws at u's ancestors. This is also the best any lossless
+  verifier can do with deterministic drafts: child c is accepted with probability p(c), the most possible.
 """
 
 from __future__ import annotations
@@ -64,8 +80,15 @@ def process_node_logits(
     return out
 
 
-def greedy_accept(tree: DraftTree, choice: torch.LongTensor) -> Acceptance:
-    """choice: (B, n) the target's token at each node (argmax of its processed logits)."""
+def sample_choices(scores: torch.Tensor) -> torch.LongTensor:
+    """(B, n, V) processed scores -> (B, n) one independent draw per node from softmax(scores)."""
+    probs = torch.softmax(scores.float(), dim=-1)
+    bsz, n, vocab = probs.shape
+    return torch.multinomial(probs.reshape(bsz * n, vocab), num_samples=1).view(bsz, n)
+
+
+def accept(tree: DraftTree, choice: torch.LongTensor) -> Acceptance:
+    """choice: (B, n) the target's token at each node (argmax, or a draw from `sample_choices`)."""
     bsz, n = tree.tokens.shape
     parent_choice = choice.gather(1, tree.parents.clamp(min=0))
     correct = tree.tokens == parent_choice
