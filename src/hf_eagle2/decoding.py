@@ -223,10 +223,12 @@ class _CalibrationLog:
 
     def __init__(self):
         self.local_logp, self.parent_valid, self.correct, self.path_logv, self.valid, self.depth = [], [], [], [], [], []
+        self.round = []
 
     def add(self, tree, acc):
         parent_valid = acc.valid.gather(1, tree.parents.clamp(min=0))
         sl = (slice(None), slice(1, None))
+        self.round.append(torch.full((tree.tokens[sl].numel(),), len(self.round), dtype=torch.long))
         self.local_logp.append(tree.local_logp[sl].flatten().cpu())
         self.parent_valid.append(parent_valid[sl].flatten().cpu())
         self.correct.append(acc.correct[sl].flatten().cpu())
@@ -243,6 +245,7 @@ class _CalibrationLog:
             "path_logv": cat(self.path_logv),
             "valid": cat(self.valid),
             "depth": cat(self.depth),
+            "round": cat(self.round),
         }
 
 
