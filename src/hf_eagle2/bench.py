@@ -93,7 +93,8 @@ def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=No
     forwards = stats.target_forwards if stats is not None else max(counter.calls - 1, 1 if new > 1 else 0)
     split = {}
     if stats is not None and stats.rounds:
-        split = {k: 1000 * getattr(stats, f"{k}_s") / stats.rounds for k in ("draft", "verify", "bookkeeping")}
+        split = {"draft": 1000 * stats.draft_model_s / stats.rounds, "tree": 1000 * stats.tree_build_s / stats.rounds,
+                 "verify": 1000 * stats.verify_s / stats.rounds, "bookkeeping": 1000 * stats.bookkeeping_s / stats.rounds}  # fmt: skip
     identical = reference is None or torch.equal(seq, reference)
     return seq, Run(method, "", seconds, new, forwards, identical, split)
 
@@ -164,7 +165,8 @@ def summarize(runs: dict[str, list[Run]], datasets, methods, tree_params, max_ne
             split = {}
             if ok and ok[0].split:
                 rounds = [r for r in ok if r.split]
-                split = {k: statistics.fmean(r.split[k] for r in rounds) for k in ("draft", "verify", "bookkeeping")}
+                split = {k: statistics.fmean(r.split[k] for r in rounds) for k in ("draft", "tree", "verify", "bookkeeping")}
+                split["overhead_share"] = (split["tree"] + split["bookkeeping"]) / sum(split[k] for k in ("draft", "tree", "verify", "bookkeeping"))
             table.setdefault(ds, {})[m] = {
                 "runs": len(rs),
                 "mismatches": len(rs) - len(ok),
@@ -210,12 +212,12 @@ def machine_meta() -> dict:
 def markdown(results: dict) -> str:
     lines = []
     for ds, methods in results["results"].items():
-        lines += [f"**{ds}**", "", "| method | tok/s | speed-up (median, min-max) | τ | target fwd | round ms: draft / verify / bookkeeping | identical |",
+        lines += [f"**{ds}**", "", "| method | tok/s | speed-up (median, min-max) | τ | target fwd | round ms: draft / tree / verify / bookkeeping | identical |",
                   "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
         for m, r in methods.items():
             sp = "-" if r["speedup_median"] is None else f"{r['speedup_median']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
             split = r["round_ms"]
-            split_s = " / ".join(f"{split[k]:.1f}" for k in ("draft", "verify", "bookkeeping")) if split else "-"
+            split_s = " / ".join(f"{split[k]:.1f}" for k in ("draft", "tree", "verify", "bookkeeping")) if split else "-"
             tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
             tps = "-" if r["tokens_per_second"] is None else f"{r['tokens_per_second']:.1f}"
             ident = "yes" if r["mismatches"] == 0 else f"**{r['mismatches']} mismatches**"

@@ -15,6 +15,7 @@ stock `transformers` assisted-decoding loop, which passes the target's outputs i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, replace
 from typing import Any
@@ -85,6 +86,10 @@ class EagleCandidateGenerator(CandidateGenerator):
         self.pending_valid: list[torch.BoolTensor] = []
         self.fed = 0  # C: number of context slots in the head cache
         self.last_tree: DraftTree | None = None
+        self.timer = None  # optional stats.Timer: head forwards and logits are timed as "draft_model_s"
+
+    def _timed(self):
+        return self.timer("draft_model_s") if self.timer is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ context
     def add_features(self, features: torch.Tensor, valid: torch.BoolTensor | None = None) -> None:
@@ -114,7 +119,8 @@ class EagleCandidateGenerator(CandidateGenerator):
         causal = cols.unsqueeze(0) <= start + rows.unsqueeze(1)  # (T, C + T)
         itself = cols.unsqueeze(0) == start + rows.unsqueeze(1)  # holes attend to themselves only, never NaN
         mask = ((causal.unsqueeze(0) & ctx_valid.unsqueeze(1)) | itself).unsqueeze(1)  # (B, 1, T, C + T)
-        hidden, kv = self.draft(tokens, features.to(self.draft.fc.weight.dtype), pos, mask, self.kv)
+        with self._timed():
+            hidden, kv = self.draft(tokens, features.to(self.draft.fc.weight.dtype), pos, mask, self.kv)
         self.kv = kv if self.kv is None else (torch.cat([self.kv[0], kv[0]], 2), torch.cat([self.kv[1], kv[1]], 2))
         self.ctx_valid = ctx_valid
         self.fed = start + num_new
@@ -137,7 +143,8 @@ class EagleCandidateGenerator(CandidateGenerator):
             )
             mask = torch.cat([ctx_valid.unsqueeze(1).expand(bsz, num, ctx_valid.shape[1]), anc], dim=-1).unsqueeze(1)
             pos = (root_pos + depth - 1).unsqueeze(1).expand(bsz, num)
-            hidden, kv = self.draft(tokens, parent_hidden, pos, mask, past)
+            with self._timed():
+                hidden, kv = self.draft(tokens, parent_hidden, pos, mask, past)
             tree_kv.append(kv)
             return hidden
 
@@ -161,7 +168,8 @@ class EagleCandidateGenerator(CandidateGenerator):
         return tree
 
     def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.log_softmax(self.draft.draft_logits(hidden).float(), dim=-1)
+        with self._timed():
+            return F.log_softmax(self.draft.draft_logits(hidden).float(), dim=-1)
 
     # ------------------------------------------------------------------ CandidateGenerator API
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs: Any):

@@ -149,6 +149,67 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def assemble_results(folder: str, eval_json: str | None = None, bench_json: str | None = None,
+                     curve_jsons: list[str] | None = None, extra: dict | None = None) -> dict:  # fmt: skip
+    """Builds `folder/results.json` from the measured outputs: the head's training.json, `eval-head --out`,
+    `bench --out` and `eval-head` runs of training snapshots (the τ curve). Returns the dict."""
+    def load(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+
+    results_path = os.path.join(folder, "results.json")
+    results = load(results_path) if os.path.exists(results_path) else {}
+    if os.path.exists(os.path.join(folder, "training.json")):
+        results["training"] = load(os.path.join(folder, "training.json"))
+    if eval_json:
+        ev = load(eval_json)
+        results["eval"] = ev
+        results.setdefault("commands", {})["eval"] = ev.get("command")
+    if bench_json:
+        bench = load(bench_json)
+        speed = {ds: {"speedup": r["eagle2"]["speedup_median"], "tau": r["eagle2"]["tau"]}
+                 for ds, r in bench["results"].items() if "eagle2" in r}  # fmt: skip
+        speed["note"] = (f"Speed-up: median over prompts of plain/EAGLE-2 wall time, both greedy and interleaved, "
+                         f"on {bench['meta'].get('cpu')} ({bench['meta'].get('threads')} threads), "
+                         f"tree m={bench['meta']['tree_params']['m']}, depth {bench['meta']['tree_params']['depth']}, "
+                         f"k={bench['meta']['tree_params']['k']}, max_new_tokens={bench['meta']['max_new_tokens']}.")  # fmt: skip
+        results["speed"] = speed
+        results.setdefault("commands", {})["bench"] = bench["meta"].get("command")
+    if curve_jsons:
+        curve = []
+        for path in curve_jsons:
+            ev = load(path)
+            tokens = int(os.path.basename(ev["draft"].rstrip("/")).split("_")[-1])  # snapshots/tokens_<N>
+            curve.append({"tokens_seen": tokens, "tau_mtbench": ev["datasets"]["mtbench"]["tau"],
+                          "prompts": ev["datasets"]["mtbench"]["prompts"]})  # fmt: skip
+        results["curve"] = sorted(curve, key=lambda c: c["tokens_seen"])
+        plot_curve(results["curve"], os.path.join(folder, "tau_curve.png"))
+    for key, value in (extra or {}).items():
+        if key == "commands":
+            results.setdefault("commands", {}).update(value)
+        else:
+            results[key] = value
+    with open(results_path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+    return results
+
+
+def plot_curve(curve: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([c["tokens_seen"] for c in curve], [c["tau_mtbench"] for c in curve], "o-")
+    ax.set_xlabel("training tokens seen")
+    ax.set_ylabel("τ on MT-bench (greedy, m=60, depth 6, k=10)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_card(folder: str, results_path: str | None = None, repo_id: str | None = None) -> str:
     results_path = results_path or os.path.join(folder, "results.json")
     with open(results_path, encoding="utf-8") as f:

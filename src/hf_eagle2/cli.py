@@ -13,6 +13,16 @@ DEFAULT_BENCH_METHODS = ("plain", "prompt_lookup", "assisted_chain", "eagle1", "
                          "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither")  # fmt: skip
 
 
+def load_draft(spec: str | None, model):
+    """A head from a local folder or Hub id; `random` (or the default folder when it is missing) gives a fresh
+    randomly initialised head, said so in the returned description."""
+    from .modeling_eagle import EagleDraftModel
+
+    if spec and spec != "random" and (os.path.exists(spec) or spec != DEFAULT_HEAD):
+        return EagleDraftModel.from_pretrained(spec), spec
+    return EagleDraftModel.from_target(model, seed=0), "a randomly initialised head (no trained head given)"
+
+
 def _threads(n: int | None) -> None:
     import torch
 
@@ -95,15 +105,10 @@ def cmd_eval_head(args) -> None:
 def cmd_bench(args) -> None:
     from .assets import load_model
     from .bench import markdown, run_bench, write_outputs
-    from .modeling_eagle import EagleDraftModel
 
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
-    if args.draft and os.path.exists(os.path.join(args.draft, "config.json")) or "/" in (args.draft or "") and not os.path.exists(args.draft):
-        draft = EagleDraftModel.from_pretrained(args.draft)
-    else:
-        print(f"no head at {args.draft}: using a randomly initialised head")
-        draft = EagleDraftModel.from_target(model, seed=0)
+    draft, _ = load_draft(args.draft, model)
     params = {"m": args.tree_total_tokens, "depth": args.tree_depth, "k": args.tree_top_k, "chain_depth": args.chain_depth}
     results = run_bench(
         model, tokenizer, draft, datasets=args.dataset.split(","), methods=args.methods.split(","), limit=args.limit,
@@ -119,9 +124,15 @@ def cmd_bench(args) -> None:
 
 
 def cmd_card(args) -> None:
-    from .card import write_card
+    from .card import assemble_results, write_card
 
+    extra = dict(item.split("=", 1) for item in args.set or [])
+    extra["commands"] = {"card": "hf-eagle2 card " + " ".join(sys.argv[2:])}
+    assemble_results(args.head, args.eval, args.bench, args.curve, extra)
     print(write_card(args.head, args.results, args.repo_id))
+
+
+
 
 
 def cmd_push(args) -> None:
@@ -138,14 +149,10 @@ def cmd_demo(args) -> None:
 
     from .assets import load_model
     from .evaluation import chat_input_ids
-    from .modeling_eagle import EagleDraftModel
 
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype="float32")
-    if args.draft and os.path.exists(os.path.join(args.draft, "config.json")):
-        draft, source = EagleDraftModel.from_pretrained(args.draft), args.draft
-    else:
-        draft, source = EagleDraftModel.from_target(model, seed=0), "a randomly initialised head (no trained head found)"
+    draft, source = load_draft(args.draft, model)
     ids = chat_input_ids(tokenizer, [{"role": "user", "content": args.prompt}])
     tree = dict(tree=args.tree, tree_total_tokens=args.tree_total_tokens, tree_depth=args.tree_depth, tree_top_k=args.tree_top_k)
     print(f"target: {args.model}  draft: {source}\nprompt: {args.prompt}\n")
@@ -239,7 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("card", help="generate a head folder's README.md model card from its results.json")
     p.add_argument("--head", required=True)
-    p.add_argument("--results", default=None)
+    p.add_argument("--results", default=None, help="results JSON (default HEAD/results.json)")
+    p.add_argument("--eval", default=None, help="eval-head --out JSON to record in results.json")
+    p.add_argument("--bench", default=None, help="bench --out JSON to record in results.json")
+    p.add_argument("--curve", nargs="*", default=None, help="eval-head JSONs of training snapshots (τ curve)")
+    p.add_argument("--set", nargs="*", default=None, help="KEY=VALUE strings to record (hardware=..., ...)")
     p.add_argument("--repo-id", default=None)
     p.set_defaults(func=cmd_card)
 

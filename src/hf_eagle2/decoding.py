@@ -101,6 +101,7 @@ def eagle_generate(
         scores_out.append(processed[0])
         logits_out.append(raw[0])
     generator = EagleCandidateGenerator(draft, model, options, max_length=max_length)
+    generator.timer = timer
     generator.add_features(hidden, valid_prompt)
 
     sequences = torch.full((bsz, max_length), pad_id, dtype=torch.long, device=device)

@@ -1,0 +1,120 @@
+"""Training pipeline on real data: the truncated ShareGPT reader, features of real conversations, the loss going
+down, and exact resume after an interruption."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from hf_eagle2.training.data import is_heldout, iter_json_array, iter_sharegpt, render_with_loss_mask, sharegpt_path
+from hf_eagle2.training.features import extract_features, iter_shards
+from hf_eagle2.training.train import FeatureSet, TrainConfig, Trainer, eagle_loss, select_draft_vocab
+
+
+def test_truncated_json_reader_returns_complete_objects_only(tmp_path):
+    items = [{"id": str(i), "conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "a"}]} for i in range(5)]
+    text = json.dumps(items, indent=1)
+    cut = text[: text.index('"3"') + 10]  # truncated inside the 4th object
+    path = tmp_path / "trunc.json"
+    path.write_text(cut)
+    assert [o["id"] for o in iter_json_array(str(path))] == ["0", "1", "2"]
+    path.write_text(text)
+    assert [o["id"] for o in iter_json_array(str(path))] == ["0", "1", "2", "3", "4"]
+
+
+def test_sharegpt_package_has_17671_complete_conversations():
+    assert os.path.getsize(sharegpt_path()) > 100e6
+    count = sum(1 for _ in iter_json_array(sharegpt_path()))
+    assert count == 17671
+    train = sum(1 for _ in iter_sharegpt(split="train"))
+    val = sum(1 for _ in iter_sharegpt(split="validation"))
+    assert 0.01 * (train + val) < val < 0.03 * (train + val)  # the fixed ~2% held-out split
+    assert is_heldout("QWJhYvA_0") in (True, False) and is_heldout("x") == is_heldout("x")
+
+
+def test_loss_mask_covers_assistant_turns_only(smollm2):
+    _, tokenizer = smollm2
+    conv = next(iter_sharegpt())
+    ids, mask = render_with_loss_mask(tokenizer, conv.messages[:2])
+    assistant = tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    assert assistant.strip().startswith(conv.messages[1]["content"].strip()[:40])
+    assert "<|im_start|>" not in assistant and "<|im_end|>" in assistant
+    user = tokenizer.decode([t for t, m in zip(ids, mask) if not m])
+    assert conv.messages[0]["content"][:40] in user
+
+
+@pytest.fixture(scope="module")
+def real_features(smollm2, tmp_path_factory):
+    model, tokenizer = smollm2
+    out = str(tmp_path_factory.mktemp("features"))
+    meta = extract_features(model, tokenizer, out, responses="sharegpt", max_conversations=12, max_seq_tokens=256,
+                            batch_size=4, progress=False)  # fmt: skip
+    assert meta["tokens"] > 1000
+    return out
+
+
+def test_features_are_the_targets_final_hidden_states(smollm2, real_features):
+    model, _ = smollm2
+    seq = next(iter_shards([real_features]))
+    with torch.no_grad():
+        ref = model.get_decoder()(input_ids=seq.input_ids[None]).last_hidden_state[0]
+    torch.testing.assert_close(seq.features.float(), ref, atol=2e-2, rtol=2e-3)  # fp16 storage
+
+
+def test_extraction_resumes_without_redoing_shards(smollm2, real_features):
+    model, tokenizer = smollm2
+    before = {f: os.path.getmtime(os.path.join(real_features, f)) for f in os.listdir(real_features) if f.startswith("shard_")}
+    extract_features(model, tokenizer, real_features, responses="sharegpt", max_conversations=12, max_seq_tokens=256,
+                     batch_size=4, progress=False)  # fmt: skip
+    after = {f: os.path.getmtime(os.path.join(real_features, f)) for f in before}
+    assert before == after
+
+
+def test_self_distilled_features(smollm2, tmp_path):
+    model, tokenizer = smollm2
+    meta = extract_features(model, tokenizer, str(tmp_path), responses="target", max_conversations=2,
+                            max_new_tokens=12, batch_size=2, progress=False)  # fmt: skip
+    seqs = list(iter_shards([str(tmp_path)]))
+    assert len(seqs) == 2 and meta["tokens"] == sum(s.input_ids.numel() for s in seqs)
+    for s in seqs:  # the response is the target's own greedy continuation
+        start = int((~s.loss_mask).sum())
+        prompt = s.input_ids[:start][None]
+        ref = model.generate(prompt, do_sample=False, max_new_tokens=12)
+        assert torch.equal(ref[0, start:], s.input_ids[start:])
+
+
+def _config(out, **kw):
+    base = dict(data=[], out=str(out), draft_vocab_size=2048, epochs=5, lr=1e-3, warmup_steps=2, batch_tokens=1024,
+                save_every=3, eval_every=10**9, seed=0)  # fmt: skip
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_a_few_steps_reduce_the_loss(smollm2, real_features, tmp_path):
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 256)
+    trainer = Trainer(_config(tmp_path, max_steps=12), model, data=data, progress=False)
+    batch = data.batch(list(range(min(4, data.num_sequences))))
+    before, _ = eagle_loss(trainer.head, trainer.lm_weight, batch, 0.0, 0.1)
+    trainer.run(resume=False)
+    after, _ = eagle_loss(trainer.head, trainer.lm_weight, batch, 0.0, 0.1)
+    assert float(after) < 0.9 * float(before)
+
+
+def test_resume_reproduces_an_uninterrupted_run(smollm2, real_features, tmp_path):
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 256)
+    straight = Trainer(_config(tmp_path / "a", max_steps=7), model, data=data, progress=False).run(resume=False)
+    Trainer(_config(tmp_path / "b", max_steps=3), model, data=data, progress=False).run(resume=False)  # "stopped"
+    resumed = Trainer(_config(tmp_path / "b", max_steps=7), model, data=data, progress=False)
+    assert resumed.load_checkpoint() and resumed.step == 3
+    head = resumed.run(resume=True)
+    for (name, a), (_, b) in zip(straight.state_dict().items(), head.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_draft_vocabulary_selection():
+    counts = torch.tensor([5, 0, 9, 9, 1, 3])
+    assert select_draft_vocab(counts, 3).tolist() == [0, 2, 3]
+    assert select_draft_vocab(counts, 3, always=[1]).tolist() == [1, 2, 3]
