@@ -196,3 +196,14 @@ def test_eager_attention_is_exact():
     for ids in prompts(4, seed=10):
         ref = plain(model, ids, max_new_tokens=20)
         assert torch.equal(model.generate(ids, assistant_model=draft, tree="eagle2", tree_top_k=6, max_new_tokens=20), ref)
+
+
+@pytest.mark.parametrize("tree", ["eagle2", "eagle1", "chain"])
+def test_static_cache_generation(tree):
+    """cache_implementation="static": trees are cut to fit the preallocated cache near max_length."""
+    model = tiny_model("llama", seed=23)
+    draft = trained_tiny_draft(model, "llama-static")
+    for ids in prompts(4, seed=11):
+        ref = plain(model, ids, max_new_tokens=30)
+        out = model.generate(ids, assistant_model=draft, tree=tree, max_new_tokens=30, cache_implementation="static")
+        assert torch.equal(out, ref)

@@ -48,7 +48,7 @@ def resolve_gguf(spec: str) -> str | None:
     return None
 
 
-def _dtype(dtype) -> torch.dtype:
+def resolve_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     return {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -59,7 +59,7 @@ def load_model(spec: str = "smollm2", dtype="float32", device_map=None, attn_imp
     """(model, tokenizer) for a spec (see module doc). The model is in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = _dtype(dtype)
+    torch_dtype = resolve_dtype(dtype)
     gguf = resolve_gguf(spec)
     kwargs = dict(dtype=torch_dtype, attn_implementation=attn_implementation)
     if device_map is not None:

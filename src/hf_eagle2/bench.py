@@ -30,6 +30,8 @@ TREE_METHODS = {
     "eagle2_no_value": dict(tree="eagle2", tree_global_value=False),
     "eagle2_no_rerank": dict(tree="eagle2", tree_rerank=False),
     "eagle2_neither": dict(tree="eagle2", tree_global_value=False, tree_rerank=False),
+    "eagle2_paper": dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10),  # the paper's GPU setting
+    "eagle2_full_vocab": dict(tree="eagle2"),  # same tree, head scoring the full vocabulary
 }
 ALL_METHODS = ("plain", "prompt_lookup", "assisted_chain", *TREE_METHODS)
 DEFAULT_METHODS = ("plain", "prompt_lookup", "assisted_chain", "eagle1", "eagle2",
@@ -70,12 +72,30 @@ def method_kwargs(method: str, draft, tree_params: dict) -> dict:
         return {"assistant_model": draft, "num_assistant_tokens": tree_params.get("chain_depth", 4)}
     if method in TREE_METHODS:
         kw = dict(TREE_METHODS[method])
-        if kw["tree"] == "eagle2":
+        if method == "eagle2_full_vocab":
+            draft = _full_vocab(draft)
+        if kw["tree"] == "eagle2" and method != "eagle2_paper":
             kw.update(tree_total_tokens=tree_params["m"], tree_depth=tree_params["depth"], tree_top_k=tree_params["k"])
         elif kw["tree"] == "chain":
             kw.update(tree_depth=tree_params.get("chain_depth", 4))
         return {"assistant_model": draft, **kw}
     raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
+
+
+_FULL_VOCAB = {}
+
+
+def _full_vocab(draft):
+    """The same head with its reduced draft vocabulary removed (scores all target tokens)."""
+    if id(draft) not in _FULL_VOCAB:
+        import copy
+
+        binding, draft._binding = draft._binding, None  # never copy the borrowed target modules
+        try:
+            _FULL_VOCAB[id(draft)] = copy.deepcopy(draft).set_draft_vocab(None)
+        finally:
+            draft._binding = binding
+    return _FULL_VOCAB[id(draft)]
 
 
 def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=None) -> tuple[torch.Tensor, Run]:

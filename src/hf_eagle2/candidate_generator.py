@@ -60,14 +60,16 @@ class TreeOptions:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"tree_{name} must be a positive int, got {value!r}")
 
-    def static_spec(self, depth_limit: int) -> StaticTreeSpec:
+    def static_spec(self, depth_limit: int, max_nodes: int | None = None) -> StaticTreeSpec:
         paths = chain_tree(self.depth) if self.tree == "chain" else (self.static_paths or EAGLE1_TREE)
-        return _static_spec(tuple(map(tuple, paths)), depth_limit)
+        return _static_spec(tuple(map(tuple, paths)), depth_limit, max_nodes)
 
 
 @functools.lru_cache(maxsize=64)
-def _static_spec(paths: tuple[tuple[int, ...], ...], depth_limit: int) -> StaticTreeSpec:
-    return StaticTreeSpec.from_paths([p for p in paths if len(p) <= depth_limit])
+def _static_spec(paths: tuple[tuple[int, ...], ...], depth_limit: int, max_nodes: int | None) -> StaticTreeSpec:
+    """The static tree cut to depth_limit and, keeping the shallowest nodes first, to max_nodes (root included)."""
+    kept = sorted((p for p in paths if len(p) <= depth_limit), key=lambda p: (len(p), p))
+    return StaticTreeSpec.from_paths(kept if max_nodes is None else kept[: max_nodes - 1])
 
 
 class EagleCandidateGenerator(CandidateGenerator):
@@ -127,8 +129,12 @@ class EagleCandidateGenerator(CandidateGenerator):
         return hidden[:, -1]
 
     # ------------------------------------------------------------------ tree
-    def draft_tree(self, input_ids: torch.LongTensor, positions: torch.LongTensor, max_depth: int) -> DraftTree:
-        """Builds a draft tree below the last token of `input_ids` (B, S); positions: (B, S) logical positions."""
+    def draft_tree(
+        self, input_ids: torch.LongTensor, positions: torch.LongTensor, max_depth: int, max_nodes: int | None = None
+    ) -> DraftTree:
+        """Builds a draft tree below the last token of `input_ids` (B, S); positions: (B, S) logical positions.
+
+        max_depth / max_nodes (root included) cap the tree near the end of max_length or of a static cache."""
         root_hidden = self._feed_context(input_ids, positions)
         root_pos = positions[:, -1]  # (B,)
         ctx_kv, ctx_valid = self.kv, self.ctx_valid
@@ -151,19 +157,21 @@ class EagleCandidateGenerator(CandidateGenerator):
         opts = self.options
         root_tokens = input_ids[:, -1]
         common = (root_tokens, root_hidden, draft_step, self._logprobs, self.draft.to_target_ids)
+        if max_nodes is not None:
+            max_depth = min(max_depth, max_nodes - 1)
         if max_depth < 1:  # no room for draft tokens (end of max_length): verify the root alone
             tree = root_only_tree(root_tokens, root_hidden.float())
         elif opts.tree == "eagle2":
             tree = build_dynamic_tree(
                 *common,
-                total_tokens=opts.total_tokens,
+                total_tokens=opts.total_tokens if max_nodes is None else min(opts.total_tokens, max_nodes - 1),
                 depth=min(opts.depth, max_depth),
                 top_k=min(opts.top_k, self.draft.draft_vocab_size),
                 use_global_value=opts.use_global_value,
                 rerank=opts.rerank,
             )
         else:
-            tree = build_static_tree(*common, spec=opts.static_spec(max_depth))
+            tree = build_static_tree(*common, spec=opts.static_spec(max_depth, max_nodes))
         self.last_tree = tree
         return tree
 
@@ -182,7 +190,7 @@ class EagleCandidateGenerator(CandidateGenerator):
             positions = kwargs.get("positions")
             if positions is None:
                 positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-            return self.draft_tree(input_ids, positions, kwargs.get("max_depth", self.options.depth))
+            return self.draft_tree(input_ids, positions, kwargs.get("max_depth", self.options.depth), kwargs.get("max_nodes"))
         if kwargs.get("is_first_iteration"):
             return input_ids, None  # let the target prefill first: the head needs its features
         if input_ids.shape[0] != 1:

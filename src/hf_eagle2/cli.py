@@ -70,7 +70,9 @@ def cmd_train(args) -> None:
           f"{trainer.steps_per_epoch} steps/epoch, {trainer.total_steps} steps")  # fmt: skip
     trainer.run(resume=not args.restart)
     head_dir = args.head_out or os.path.join(args.out, "head")
-    trainer.save_head(head_dir)
+    from .assets import resolve_dtype
+
+    trainer.save_head(head_dir, dtype=resolve_dtype(args.head_dtype) if args.head_dtype else None)
     print(json.dumps(trainer.history[-1], indent=2))
     print(f"head saved to {head_dir}")
 
@@ -197,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-data", nargs="*", default=[])
     p.add_argument("--out", required=True, help="run folder (checkpoint.pt, snapshots/)")
     p.add_argument("--head-out", default=None, help="where to save the trained head (default OUT/head)")
+    p.add_argument("--head-dtype", default=None, help="save the head in this dtype (e.g. float16: half the file)")
     p.add_argument("--draft-vocab-size", type=int, default=8192, help="0 = full vocabulary")
     p.add_argument("--epochs", type=float, default=4.0)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -271,10 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _int_or_auto(value: str):
+    return value if value == "auto" else int(value)
+
+
 def _tree_args(p, total, depth, top_k) -> None:
     p.add_argument("--tree", default="eagle2", choices=["eagle2", "eagle1", "chain"])
-    p.add_argument("--tree-total-tokens", type=int, default=total)
-    p.add_argument("--tree-depth", type=int, default=depth)
+    p.add_argument("--tree-total-tokens", type=_int_or_auto, default=total, help='an int, or "auto"')
+    p.add_argument("--tree-depth", type=_int_or_auto, default=depth, help='an int, or "auto"')
     p.add_argument("--tree-top-k", type=int, default=top_k)
 
 

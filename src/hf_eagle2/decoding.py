@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, StaticCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import check_cache_supported, prune_tree_cache
@@ -59,6 +59,9 @@ def eagle_generate(
         cache = DynamicCache(config=model.config)
     check_cache_supported(cache)
     cache.activate_past_recording()
+    # a StaticCache has a fixed length: trees must fit in what is left of it
+    full_layer = target.type_layer.get("full_attention", 0)
+    static_capacity = cache.get_max_length(full_layer) if isinstance(cache, StaticCache) else None
     bsz, prompt_len = input_ids.shape
     device = input_ids.device
     max_length = generation_config.max_length
@@ -117,8 +120,11 @@ def eagle_generate(
     while any(unfinished):
         remaining = max(max_length - seq_len[b] for b in range(bsz) if unfinished[b])
         max_depth = max(0, min(options.depth if options.tree != "eagle1" else 64, remaining - 1))
+        max_nodes = None if static_capacity is None else static_capacity - cache.get_seq_length()
         with timer("draft_s"):
-            tree = generator.get_candidates(slot_tokens, positions=slot_pos.clamp(min=0), max_depth=max_depth)
+            tree = generator.get_candidates(
+                slot_tokens, positions=slot_pos.clamp(min=0), max_depth=max_depth, max_nodes=max_nodes
+            )
         num_nodes = tree.num_nodes
         with timer("bookkeeping_s"):
             positions = root_pos.view(bsz, 1) + tree.depths

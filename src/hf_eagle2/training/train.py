@@ -302,9 +302,19 @@ class Trainer:
         self.head.eval()
         return self.head
 
-    def save_head(self, folder: str, extra: dict | None = None) -> None:
-        """The trained head (config + safetensors) and a training summary `training.json`."""
-        self.head.save_pretrained(folder)
+    def save_head(self, folder: str, extra: dict | None = None, dtype: torch.dtype | None = None) -> None:
+        """The trained head (config + safetensors, optionally cast to `dtype` to keep the file small) and a
+        training summary `training.json`."""
+        import copy
+
+        head = self.head
+        if dtype is not None and dtype != head.fc.weight.dtype:
+            binding, head._binding = head._binding, None
+            try:
+                head = copy.deepcopy(head).to(dtype)
+            finally:
+                self.head._binding = binding
+        head.save_pretrained(folder)
         summary = {
             "config": asdict(self.config),
             "steps": self.step,
