@@ -118,3 +118,38 @@ def test_draft_vocabulary_selection():
     counts = torch.tensor([5, 0, 9, 9, 1, 3])
     assert select_draft_vocab(counts, 3).tolist() == [0, 2, 3]
     assert select_draft_vocab(counts, 3, always=[1]).tolist() == [1, 2, 3]
+
+
+def test_unrolled_pass_equals_inference_drafting():
+    """Training-time test: pass 2 at index i is exactly the head drafting a depth-1 node at position i."""
+    from conftest import tiny_model
+
+    from hf_eagle2 import EagleDraftModel
+
+    model = tiny_model("llama")
+    head = EagleDraftModel.from_target(model, seed=0)
+    g = torch.Generator().manual_seed(0)
+    steps = 9
+    ids = torch.randint(3, 32, (1, steps + 1), generator=g)
+    feats = torch.randn(1, steps + 1, 64, generator=g)
+    pos = torch.arange(steps)[None]
+    emb = head.embed(ids[:, 1:])
+    pred1, kv1 = head(None, feats[:, :-1], pos, inputs_embeds=emb)
+    batch = {"ids": ids, "features": feats, "mask": torch.ones(1, steps + 1, dtype=torch.bool)}
+    captured = {}
+    original = head.forward
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        captured.setdefault("passes", []).append(out[0])
+        return out
+
+    head.forward = spy
+    eagle_loss(head, head.binding.head_weight, batch, 0.0, 0.1, unroll=2)
+    head.forward = original
+    pred2 = captured["passes"][1]
+    for i in range(1, steps):
+        _, ctx = head(None, feats[:, :i], pos[:, :i], inputs_embeds=emb[:, :i])
+        node, _ = head(None, pred1[:, i - 1 : i], pos[:, i : i + 1], torch.ones(1, 1, 1, i + 1, dtype=torch.bool), ctx,
+                       inputs_embeds=emb[:, i : i + 1])  # fmt: skip
+        torch.testing.assert_close(pred2[0, i], node[0, 0], atol=1e-5, rtol=1e-5)

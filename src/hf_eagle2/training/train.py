@@ -52,6 +52,7 @@ class TrainConfig:
     save_every: int = 100
     eval_every: int = 200
     max_steps: int | None = None  # stop early (the schedule still spans `epochs`)
+    unroll: int = 1  # >1: "training-time test" passes on the head's own predictions (see eagle_loss)
     snapshot_every_tokens: int | None = None  # also keep head snapshots (for τ-vs-tokens curves)
     threads: int | None = None
 
@@ -144,34 +145,58 @@ def epoch_batches(lengths: torch.Tensor, batch_tokens: int, seed: int, epoch: in
 
 
 def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, noise_std: float, ce_weight: float,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:  # fmt: skip
-    """EAGLE-1/2 loss on a right-padded batch; lm_weight: (N, H) target lm_head rows of the draft vocabulary."""
+               generator: torch.Generator | None = None, unroll: int = 1) -> tuple[torch.Tensor, dict]:  # fmt: skip
+    """EAGLE-1/2 loss on a right-padded batch; lm_weight: (N, H) target lm_head rows of the draft vocabulary.
+
+    unroll > 1 adds "training-time test" passes (as in EAGLE-3 / HASS): pass s feeds the head its own
+    prediction from pass s-1 at the previous position, attending to the true pairs before it, to its own earlier
+    drafted positions and to itself, exactly as tree depth s does at inference. The loss averages the passes;
+    `acc` is reported for pass 1 (depth 1), `acc_deep` for the last pass."""
     ids, feats, mask = batch["ids"], batch["features"], batch["mask"]
     bsz, width, hidden = feats.shape
     device = lm_weight.device
     ids, feats, mask = ids.to(device), feats.to(device), mask.to(device)
+    steps = width - 1
     inputs = feats[:, :-1]
     if noise_std > 0:
         amplitude = noise_std / 2 * 512 / width
         noise = torch.rand(inputs.shape, generator=generator, device="cpu").to(device)
         inputs = inputs + (noise * 2 - 1) * amplitude
-    positions = torch.arange(width - 1, device=device).expand(bsz, width - 1)
+    positions = torch.arange(steps, device=device).expand(bsz, steps)
     with torch.no_grad():
         embeds = head.embed(ids[:, 1:])  # the target's (frozen) embeddings
-    pred, _ = head(None, inputs, positions, inputs_embeds=embeds)
     target = feats[:, 1:]
     sel = mask[:, 1:]
-    pred_sel, target_sel = pred[sel], target[sel]  # (M, H): only positions that predict assistant tokens
-    feature_loss = F.smooth_l1_loss(pred_sel, target_sel, reduction="none").mean(-1).mean()
+    target_sel = target[sel]
     with torch.no_grad():
         target_p = F.softmax(F.linear(target_sel, lm_weight), dim=-1)
-    logq = F.log_softmax(F.linear(pred_sel, lm_weight), dim=-1)
-    ce = -(target_p * logq).sum(-1).mean()
-    loss = feature_loss + ce_weight * ce
-    with torch.no_grad():
-        acc = (logq.argmax(-1) == target_p.argmax(-1)).float().mean()
-    return loss, {"loss": loss.item(), "feature_loss": feature_loss.item(), "ce": ce.item(), "acc": acc.item(),
-                  "tokens": int(sel.sum())}  # fmt: skip
+    i = torch.arange(steps, device=device)
+    past, total, infos = None, 0.0, []
+    for s in range(1, unroll + 1):
+        if s == 1:
+            pred, kv = head(None, inputs, positions, inputs_embeds=embeds)
+        else:
+            shifted = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)  # own prediction, one step back
+            blocks = [i.view(1, -1) <= i.view(-1, 1) - (s - 1)]  # true pairs strictly before the drafted run
+            blocks += [i.view(1, -1) == i.view(-1, 1) - (s - r) for r in range(2, s + 1)]  # own drafted positions
+            attn = torch.cat(blocks, dim=1)  # (T, s*T); every row sees at least itself (last block)
+            pred, kv = head(None, shifted, positions, attn.view(1, 1, steps, s * steps), past, inputs_embeds=embeds)
+        past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
+        pass_sel = sel & (i >= s - 1).view(1, -1)
+        pred_sel = pred[pass_sel]
+        feature_loss = F.smooth_l1_loss(pred_sel, target[pass_sel], reduction="none").mean(-1).mean()
+        logq = F.log_softmax(F.linear(pred_sel, lm_weight), dim=-1)
+        p = target_p if s == 1 else F.softmax(F.linear(target[pass_sel], lm_weight), dim=-1).detach()
+        ce = -(p * logq).sum(-1).mean()
+        total = total + feature_loss + ce_weight * ce
+        with torch.no_grad():
+            infos.append((feature_loss.item(), ce.item(), (logq.argmax(-1) == p.argmax(-1)).float().mean().item()))
+    loss = total / unroll
+    info = {"loss": loss.item(), "feature_loss": infos[0][0], "ce": infos[0][1], "acc": infos[0][2],
+            "tokens": int(sel.sum())}  # fmt: skip
+    if unroll > 1:
+        info["acc_deep"] = infos[-1][2]
+    return loss, info
 
 
 class Trainer:
@@ -262,7 +287,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.step)
         generator = torch.Generator().manual_seed(c.seed * 7919 + self.step)
-        loss, info = eagle_loss(self.head, self.lm_weight, self.data.batch(indices), c.noise_std, c.ce_weight, generator)
+        loss, info = eagle_loss(self.head, self.lm_weight, self.data.batch(indices), c.noise_std, c.ce_weight, generator,
+                                c.unroll)  # fmt: skip
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         info["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), c.grad_clip))
