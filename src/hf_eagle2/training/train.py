@@ -306,11 +306,15 @@ class Trainer:
             epoch, index = divmod(self.step, self.steps_per_epoch)
             if epoch not in epoch_cache:
                 epoch_cache = {epoch: epoch_batches(self.data.lengths(), c.batch_tokens, c.seed, epoch)}
+            batches = epoch_cache[epoch]
+            # every epoch has steps_per_epoch steps (the batch count of epoch 0): a packing with fewer batches
+            # wraps around to its first ones, one with more leaves its last ones out
+            batch = batches[index % len(batches)]
             start = time.perf_counter()
-            info = self.train_step(epoch_cache[epoch][index])
+            info = self.train_step(batch)
             self.elapsed += time.perf_counter() - start
             self.step += 1
-            batch_tokens = sum(int(self.data.offsets[i + 1] - self.data.offsets[i]) for i in epoch_cache[epoch][index])
+            batch_tokens = sum(int(self.data.offsets[i + 1] - self.data.offsets[i]) for i in batch)
             self.tokens_seen += batch_tokens
             info.update(step=self.step, lr=self.lr_at(self.step - 1), tokens_seen=self.tokens_seen, batch_tokens=batch_tokens)
             if self.step % c.eval_every == 0 or self.step == last:
