@@ -38,8 +38,8 @@ def processor_cases(tokenizer):
         "repetition_penalty": dict(repetition_penalty=1.3),
         "no_repeat_ngram_size": dict(no_repeat_ngram_size=3),
         "bad_words_ids": dict(bad_words_ids=[the, [comma]]),
-        "min_new_tokens": dict(min_new_tokens=60),
-        "min_length": dict(min_length=70),
+        "min_new_tokens": dict(min_new_tokens=30),
+        "min_length": dict(min_length=64),
         "suppress_tokens": dict(suppress_tokens=[comma, 13]),
         "begin_suppress_tokens": dict(begin_suppress_tokens=[504, 1206, 378]),
         "forced_eos_token_id": dict(forced_eos_token_id=2),
@@ -139,10 +139,12 @@ def test_pipeline_with_chat_messages(smollm2, head):
 
 
 def test_device_map_cpu(head):
+    """A target loaded through accelerate's device_map path (transformers 5.x sets no `hf_device_map` for a
+    single-device map, so there is nothing more to check about the placement than the device)."""
     from hf_eagle2.assets import load_model
 
     model, tokenizer = load_model("smollm2", device_map="cpu")
-    assert hasattr(model, "hf_device_map")
+    assert model.device.type == "cpu" and model.lm_head.weight.device.type == "cpu"
     ids = chat_ids(tokenizer, PROMPTS[0])
     ref = model.generate(ids, do_sample=False, max_new_tokens=40)
     out = model.generate(ids, assistant_model=head, max_new_tokens=40, **TREE)

@@ -90,8 +90,9 @@ def _cache_file(kind: str, key: str) -> str:
 
 
 @torch.inference_mode()
-def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int = 5, refresh: bool = False) -> CostModel:
-    """Times verify(q) for q in VERIFY_POINTS and one head step; cached per model, device, dtype and threads."""
+def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int = 7, refresh: bool = False) -> CostModel:
+    """Times verify(q) for q in VERIFY_POINTS and one head step (median of `repeats` after two warm-ups); cached
+    per model, device, dtype and threads. Measure on an otherwise idle machine: the numbers are reused."""
     from transformers.cache_utils import DynamicCache
 
     from .target import TargetModel
@@ -119,7 +120,7 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
         tree = DraftTree(torch.randint(0, vocab, (1, q), device=device), parents, depths,
                          _ancestors_from_parents(parents, depths, q - 1), torch.zeros(1, q), torch.zeros(1, q))  # fmt: skip
         times = []
-        for _ in range(repeats + 1):
+        for _ in range(repeats + 2):
             _sync(device)
             start = time.perf_counter()
             positions = prefix_len + tree.depths
@@ -128,7 +129,8 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
             _sync(device)
             times.append(time.perf_counter() - start)
             cache.crop(-q)
-        verify_s.append(statistics.median(times[1:]))
+        verify_s.append(statistics.median(times[2:]))
+    verify_s = [max(verify_s[: i + 1]) for i in range(len(verify_s))]  # a larger tree never costs less
     # one head step: k tokens on top of the prefix, their logits and top-k
     draft.bind(model)
     hidden = tc.hidden_size

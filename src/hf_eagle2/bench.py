@@ -31,6 +31,7 @@ TREE_METHODS = {
     "eagle2_no_rerank": dict(tree="eagle2", tree_rerank=False),
     "eagle2_neither": dict(tree="eagle2", tree_global_value=False, tree_rerank=False),
     "eagle2_paper": dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10),  # the paper's GPU setting
+    "eagle2_auto": dict(tree="eagle2", tree_total_tokens="auto", tree_depth="auto"),  # budget picked for this machine
     "eagle2_full_vocab": dict(tree="eagle2"),  # same tree, head scoring the full vocabulary
 }
 ALL_METHODS = ("plain", "prompt_lookup", "assisted_chain", *TREE_METHODS)
@@ -74,7 +75,9 @@ def method_kwargs(method: str, draft, tree_params: dict) -> dict:
         kw = dict(TREE_METHODS[method])
         if method == "eagle2_full_vocab":
             draft = _full_vocab(draft)
-        if kw["tree"] == "eagle2" and method != "eagle2_paper":
+        if method == "eagle2_auto":
+            kw.update(tree_top_k=tree_params["k"])
+        elif kw["tree"] == "eagle2" and method != "eagle2_paper":
             kw.update(tree_total_tokens=tree_params["m"], tree_depth=tree_params["depth"], tree_top_k=tree_params["k"])
         elif kw["tree"] == "chain":
             kw.update(tree_depth=tree_params.get("chain_depth", 4))
@@ -246,6 +249,56 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+# EAGLE-2 paper, ablations on Vicuna-7B, MT-bench, greedy (speed-up over vanilla decoding on GPU)
+PAPER_ABLATION = {"eagle2": 3.62, "eagle2_no_rerank": 3.48, "eagle2_no_value": 3.21, "eagle2_neither": 2.81}
+
+
+def ablation_markdown(results: dict) -> str:
+    """The paper's value / reranking ablation next to ours (empty when the ablation methods were not run)."""
+    rows = [m for m in PAPER_ABLATION if m in results["meta"]["methods"]]
+    datasets = list(results["results"])
+    if len(rows) < 2:
+        return ""
+    head = "| variant | paper (Vicuna-7B, MT-bench, GPU) | " + " | ".join(f"ours: {ds} speed-up / τ" for ds in datasets) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(datasets)]
+    names = {"eagle2": "EAGLE-2 (value V_i + reranking)", "eagle2_no_rerank": "without reranking",
+             "eagle2_no_value": "without the global value (own confidence)", "eagle2_neither": "both removed"}  # fmt: skip
+    for m in rows:
+        cells = []
+        for ds in datasets:
+            r = results["results"][ds][m]
+            cells.append("-" if r["speedup_median"] is None else f"{r['speedup_median']:.2f}x / {r['tau']:.2f}")
+        lines.append(f"| {names[m]} | {PAPER_ABLATION[m]:.2f}x | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def readme_section(results: dict) -> str:
+    """The README's results block: provenance line, the table, the ablation table and the plot."""
+    meta = results["meta"]
+    tree = meta["tree_params"]
+    out = [f"Measured {meta['date']} on {meta['cpu']} ({meta['cores']} cores, {meta['threads']} threads, torch "
+           f"{meta['torch']}), commit `{meta['commit']}`, {meta.get('dtype', 'float32')}, greedy, "
+           f"max_new_tokens {meta['max_new_tokens']}; eagle2 tree m={tree['m']}, depth {tree['depth']}, k={tree['k']}.",
+           "", "```bash", meta.get("command", "hf-eagle2 bench"), "```", "", markdown(results)]  # fmt: skip
+    ablation = ablation_markdown(results)
+    if ablation:
+        out += ["Ablation (the paper's Table next to ours):", "", ablation]
+    return "\n".join(out)
+
+
+def update_readme(path: str, section: str, marker: str = "RESULTS") -> None:
+    """Replaces the text between `<!-- RESULTS -->` and `<!-- /RESULTS -->` in `path`."""
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    with open(path) as f:
+        text = f.read()
+    if start not in text:
+        raise ValueError(f"{path} has no {start} marker to put the results under")
+    before, rest = text.split(start, 1)
+    after = rest.split(end, 1)[1] if end in rest else rest
+    with open(path, "w") as f:
+        f.write(f"{before}{start}\n{section}\n{end}{after}")
+
+
 def plot(results: dict, path: str) -> None:
     import matplotlib
 
@@ -281,5 +334,5 @@ def write_outputs(results: dict, out: str) -> None:
         json.dump(results, f, indent=2)
     stem = os.path.splitext(out)[0]
     with open(stem + ".md", "w") as f:
-        f.write(markdown(results))
+        f.write(readme_section(results))
     plot(results, stem + ".png")

@@ -53,7 +53,7 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         f"# {name}",
         "",
         f"An **EAGLE-2 draft head** for [{base}](https://huggingface.co/{base}), trained and evaluated with "
-        "[hf_eagle2](https://github.com/) on CPU. It proposes a dynamic tree of draft tokens that the target "
+        "the `hf_eagle2` package on CPU. It proposes a dynamic tree of draft tokens that the target "
         "verifies in one forward pass; greedy output is token-identical to plain `generate`.",
         "",
         "## Usage",
@@ -130,8 +130,10 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         f"clip {cfg.get('grad_clip')}, {cfg.get('batch_tokens')} tokens per batch, seed {cfg.get('seed')}.",
         f"- Wall time: {_fmt(train.get('train_seconds', 0) / 3600)} h of training on {results.get('hardware', 'CPU')}"
         f"{'; feature extraction ' + _fmt(results['extract_hours']) + ' h' if results.get('extract_hours') else ''}.",
-        "",
     ]
+    if results.get("training_note"):
+        lines.append(f"- Note: {results['training_note']}")
+    lines.append("")
     if commands.get("train"):
         lines += ["Reproduce:", "", "```bash", commands["train"], "```", ""]
     lines += [
@@ -161,6 +163,8 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
     results = load(results_path) if os.path.exists(results_path) else {}
     if os.path.exists(os.path.join(folder, "training.json")):
         results["training"] = load(os.path.join(folder, "training.json"))
+        if results["training"].get("command"):
+            results.setdefault("commands", {})["train"] = results["training"]["command"]
     if eval_json:
         ev = load(eval_json)
         results["eval"] = ev
@@ -179,7 +183,7 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
         curve = []
         for path in curve_jsons:
             ev = load(path)
-            tokens = int(os.path.basename(ev["draft"].rstrip("/")).split("_")[-1])  # snapshots/tokens_<N>
+            tokens = _tokens_seen(ev["draft"])
             curve.append({"tokens_seen": tokens, "tau_mtbench": ev["datasets"]["mtbench"]["tau"],
                           "prompts": ev["datasets"]["mtbench"]["prompts"]})  # fmt: skip
         results["curve"] = sorted(curve, key=lambda c: c["tokens_seen"])
@@ -192,6 +196,18 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     return results
+
+
+def _tokens_seen(head_folder: str) -> int:
+    """Training tokens behind a head: from a snapshot name (snapshots/tokens_<N>) or the folder's training.json."""
+    name = os.path.basename(head_folder.rstrip("/"))
+    if name.startswith("tokens_") and name[7:].isdigit():
+        return int(name[7:])
+    summary = os.path.join(head_folder, "training.json")
+    if os.path.exists(summary):
+        with open(summary, encoding="utf-8") as f:
+            return int(json.load(f)["tokens_seen"])
+    raise ValueError(f"cannot tell how many training tokens {head_folder} saw (no tokens_<N> name, no training.json)")
 
 
 def plot_curve(curve: list[dict], path: str) -> None:

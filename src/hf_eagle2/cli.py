@@ -72,7 +72,11 @@ def cmd_train(args) -> None:
     head_dir = args.head_out or os.path.join(args.out, "head")
     from .assets import resolve_dtype
 
-    trainer.save_head(head_dir, dtype=resolve_dtype(args.head_dtype) if args.head_dtype else None)
+    from .assets import HUB_NAMES
+
+    trainer.head.config.target_model = HUB_NAMES.get(args.model, trainer.head.config.target_model)
+    trainer.save_head(head_dir, dtype=resolve_dtype(args.head_dtype) if args.head_dtype else None,
+                      extra={"command": "hf-eagle2 train " + " ".join(sys.argv[2:])})  # fmt: skip
     print(json.dumps(trainer.history[-1], indent=2))
     print(f"head saved to {head_dir}")
 
@@ -106,7 +110,7 @@ def cmd_eval_head(args) -> None:
 
 def cmd_bench(args) -> None:
     from .assets import load_model
-    from .bench import markdown, run_bench, write_outputs
+    from .bench import markdown, readme_section, run_bench, update_readme, write_outputs
 
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
@@ -118,6 +122,8 @@ def cmd_bench(args) -> None:
     )  # fmt: skip
     results["meta"].update(model=args.model, draft=args.draft, dtype=args.dtype, command="hf-eagle2 bench " + " ".join(sys.argv[2:]))
     write_outputs(results, args.out)
+    if args.readme:
+        update_readme(args.readme, readme_section(results))
     print(markdown(results))
     print(f"results: {args.out}")
     if not results["all_identical"]:
@@ -244,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chain-depth", type=int, default=4)
     p.add_argument("--first-turn-only", action="store_true", help="skip MT-bench second turns")
     p.add_argument("--out", default="runs/bench/results.json")
+    p.add_argument("--readme", default=None, help="also write the results table into this README (RESULTS markers)")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_bench)
 

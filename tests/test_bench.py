@@ -1,0 +1,57 @@
+"""`hf-eagle2 bench`: a real smoke run on SmolLM2 and the bookkeeping that turns runs into tables."""
+
+import json
+import os
+
+import pytest
+
+from hf_eagle2 import cli
+from hf_eagle2.bench import Run, summarize, update_readme
+
+SHIPPED_HEAD = os.path.join(os.path.dirname(__file__), "..", "model_cards", "smollm2-135m-instruct-eagle2")
+SMOKE_METHODS = ["plain", "prompt_lookup", "assisted_chain", "eagle1", "eagle2", "eagle2_no_value", "eagle2_no_rerank",
+                 "eagle2_neither", "eagle2_full_vocab"]  # fmt: skip
+
+
+def test_bench_smoke_on_smollm2(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n\n<!-- RESULTS -->\nold table\n<!-- /RESULTS -->\n\n## more\n")
+    out = tmp_path / "results.json"
+    argv = ["bench", "--dataset", "mtbench,humaneval", "--limit", "2", "--max-new-tokens", "16", "--draft", SHIPPED_HEAD,
+            "--methods", ",".join(SMOKE_METHODS), "--out", str(out), "--readme", str(readme), "--threads",
+            os.environ.get("HF_EAGLE2_TEST_THREADS", "2")]  # fmt: skip
+    assert cli.main(argv) == 0
+    results = json.loads(out.read_text())
+    assert results["all_identical"] is True
+    assert results["meta"]["methods"] == SMOKE_METHODS and results["meta"]["commit"] is not None
+    for ds, runs in (("mtbench", 4), ("humaneval", 2)):  # MT-bench: 2 questions x 2 turns
+        table = results["results"][ds]
+        assert set(table) == set(SMOKE_METHODS)
+        for m, r in table.items():
+            assert r["runs"] == runs and r["mismatches"] == 0, (ds, m)
+            assert r["new_tokens"] > 0 and r["tokens_per_second"] > 0 and r["speedup_median"] > 0
+        assert table["plain"]["tau"] == pytest.approx(1.0, abs=0.07)  # one forward per token (+ prefill)
+        assert table["eagle2"]["tau"] > 1.2 and set(table["eagle2"]["round_ms"]) >= {"draft", "verify", "bookkeeping"}
+    assert os.path.exists(tmp_path / "results.md") and os.path.getsize(tmp_path / "results.png") > 1000
+    text = readme.read_text()
+    assert "old table" not in text and "| eagle2 |" in text and "hf-eagle2 bench" in text and text.endswith("## more\n")
+    assert "paper (Vicuna-7B" in text  # the ablation table sits next to the paper's numbers
+
+
+def test_summary_reports_a_mismatch_and_excludes_it_from_timing():
+    runs = {
+        "builtin/plain": [Run("plain", "p1", 2.0, 10, 10, True), Run("plain", "p2", 4.0, 10, 10, True)],
+        "builtin/eagle2": [Run("eagle2", "p1", 1.0, 10, 4, True), Run("eagle2", "p2", 0.5, 10, 2, False)],
+    }
+    res = summarize(runs, ["builtin"], ["plain", "eagle2"], {"m": 8, "depth": 4, "k": 4}, 16)
+    r = res["results"]["builtin"]["eagle2"]
+    assert res["all_identical"] is False
+    assert r["mismatches"] == 1 and r["failed_prompts"] == ["p2"]
+    assert r["speedup_median"] == pytest.approx(2.0) and r["tau"] == pytest.approx(2.5)  # only p1 counts
+
+
+def test_update_readme_needs_its_marker(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("no marker here\n")
+    with pytest.raises(ValueError, match="RESULTS"):
+        update_readme(str(readme), "table")
