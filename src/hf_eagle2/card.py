@@ -64,7 +64,7 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         "",
         f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
         f'model = AutoModelForCausalLM.from_pretrained("{base}", attn_implementation="sdpa")',
-        f'draft = hf_eagle2.EagleDraftModel.from_pretrained("{name}")',
+        f'draft = hf_eagle2.EagleDraftModel.from_pretrained("{name}")  # Hub repo id or local folder',
         'messages = [{"role": "user", "content": "Write a haiku about the sea."}]',
         'ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")["input_ids"]',
         'out = model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=256)',
@@ -110,7 +110,10 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         lines += [markdown_table(calib), ""]
     curve = results.get("curve") or []
     if curve:
-        lines += ["## τ against training tokens", "", "| tokens seen | τ (MT-bench) |", "|---:|---:|"]
+        prompts = curve[0].get("prompts", "-")
+        lines += ["## τ against training tokens", "",
+                  f"Training snapshots, each evaluated on the first {prompts} MT-bench questions (greedy, m=60, depth 6, "
+                  "k=10, 256 new tokens):", "", "| tokens seen | τ (MT-bench) |", "|---:|---:|"]  # fmt: skip
         lines += [f"| {c['tokens_seen']:,} | {_fmt(c['tau_mtbench'])} |" for c in curve]
         lines += ["", "![tau curve](tau_curve.png)", ""]
     lines += [
@@ -176,7 +179,9 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
         speed["note"] = (f"Speed-up: median over prompts of plain/EAGLE-2 wall time, both greedy and interleaved, "
                          f"on {bench['meta'].get('cpu')} ({bench['meta'].get('threads')} threads), "
                          f"tree m={bench['meta']['tree_params']['m']}, depth {bench['meta']['tree_params']['depth']}, "
-                         f"k={bench['meta']['tree_params']['k']}, max_new_tokens={bench['meta']['max_new_tokens']}.")  # fmt: skip
+                         f"k={bench['meta']['tree_params']['k']}, max_new_tokens={bench['meta']['max_new_tokens']}; at that "
+                         "tree: " + ", ".join(f"{ds} τ {r['eagle2']['tau']:.2f} over {r['eagle2']['runs']} generations"
+                                              for ds, r in bench["results"].items() if "eagle2" in r) + ".")  # fmt: skip
         results["speed"] = speed
         results.setdefault("commands", {})["bench"] = bench["meta"].get("command")
     if curve_jsons:

@@ -134,7 +134,7 @@ def cmd_bench(args) -> None:
 def cmd_card(args) -> None:
     from .card import assemble_results, write_card
 
-    extra = dict(item.split("=", 1) for item in args.set or [])
+    extra = {key: _json_or_text(value) for key, value in (item.split("=", 1) for item in args.set or [])}
     extra["commands"] = {"card": "hf-eagle2 card " + " ".join(sys.argv[2:])}
     assemble_results(args.head, args.eval, args.bench, args.curve, extra)
     print(write_card(args.head, args.results, args.repo_id))
@@ -164,7 +164,8 @@ def cmd_demo(args) -> None:
     ids = chat_input_ids(tokenizer, [{"role": "user", "content": args.prompt}])
     tree = dict(tree=args.tree, tree_total_tokens=args.tree_total_tokens, tree_depth=args.tree_depth, tree_top_k=args.tree_top_k)
     print(f"target: {args.model}  draft: {source}\nprompt: {args.prompt}\n")
-    model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up
+    model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up, both paths
+    model.generate(ids, assistant_model=draft, max_new_tokens=8, do_sample=False, **tree)
     start = time.perf_counter()
     plain = model.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False)
     plain_s = time.perf_counter() - start
@@ -279,6 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_demo)
     return parser
+
+
+def _json_or_text(value: str):
+    """`--set` values: numbers and JSON literals as such (extract_hours=1.8), anything else as text."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
 
 
 def _int_or_auto(value: str):
