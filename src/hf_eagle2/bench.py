@@ -91,13 +91,7 @@ _FULL_VOCAB = {}
 def _full_vocab(draft):
     """The same head with its reduced draft vocabulary removed (scores all target tokens)."""
     if id(draft) not in _FULL_VOCAB:
-        import copy
-
-        binding, draft._binding = draft._binding, None  # never copy the borrowed target modules
-        try:
-            _FULL_VOCAB[id(draft)] = copy.deepcopy(draft).set_draft_vocab(None)
-        finally:
-            draft._binding = binding
+        _FULL_VOCAB[id(draft)] = draft.unbound_copy().set_draft_vocab(None)
     return _FULL_VOCAB[id(draft)]
 
 

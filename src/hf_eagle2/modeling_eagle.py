@@ -197,6 +197,16 @@ class EagleDraftModel(PreTrainedModel):
         self._binding = _TargetBinding(id(target), target.get_input_embeddings(), head_weight, head_bias, weight)
         return self
 
+    def unbound_copy(self) -> "EagleDraftModel":
+        """A deep copy of the head alone: the borrowed target modules are not copied (the copy is unbound)."""
+        import copy
+
+        binding, self._binding = self._binding, None
+        try:
+            return copy.deepcopy(self)
+        finally:
+            self._binding = binding
+
     @property
     def binding(self) -> _TargetBinding:
         if self._binding is None:

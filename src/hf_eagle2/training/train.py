@@ -335,15 +335,9 @@ class Trainer:
     def save_head(self, folder: str, extra: dict | None = None, dtype: torch.dtype | None = None) -> None:
         """The trained head (config + safetensors, optionally cast to `dtype` to keep the file small) and a
         training summary `training.json`."""
-        import copy
-
         head = self.head
         if dtype is not None and dtype != head.fc.weight.dtype:
-            binding, head._binding = head._binding, None
-            try:
-                head = copy.deepcopy(head).to(dtype)
-            finally:
-                self.head._binding = binding
+            head = head.unbound_copy().to(dtype)
         head.save_pretrained(folder)
         summary = {
             "config": asdict(self.config),
