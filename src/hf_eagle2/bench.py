@@ -34,6 +34,8 @@ TREE_METHODS = {
     "eagle2_auto": dict(tree="eagle2", tree_total_tokens="auto", tree_depth="auto"),  # budget picked for this machine
     "eagle2_full_vocab": dict(tree="eagle2"),  # same tree, head scoring the full vocabulary
 }
+# per-round time split reported by the bench: column -> EagleStats attribute (seconds)
+SPLIT_STATS = {"draft": "draft_model_s", "tree": "tree_build_s", "verify": "verify_s", "bookkeeping": "bookkeeping_s"}
 ALL_METHODS = ("plain", "prompt_lookup", "assisted_chain", *TREE_METHODS)
 DEFAULT_METHODS = ("plain", "prompt_lookup", "assisted_chain", "eagle1", "eagle2",
                    "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither")  # fmt: skip
@@ -110,8 +112,7 @@ def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=No
     forwards = stats.target_forwards if stats is not None else max(counter.calls - 1, 1 if new > 1 else 0)
     split = {}
     if stats is not None and stats.rounds:
-        split = {"draft": 1000 * stats.draft_model_s / stats.rounds, "tree": 1000 * stats.tree_build_s / stats.rounds,
-                 "verify": 1000 * stats.verify_s / stats.rounds, "bookkeeping": 1000 * stats.bookkeeping_s / stats.rounds}  # fmt: skip
+        split = {key: 1000 * getattr(stats, attr) / stats.rounds for key, attr in SPLIT_STATS.items()}
     identical = reference is None or torch.equal(seq, reference)
     return seq, Run(method, "", seconds, new, forwards, identical, split)
 
@@ -182,8 +183,8 @@ def summarize(runs: dict[str, list[Run]], datasets, methods, tree_params, max_ne
             split = {}
             if ok and ok[0].split:
                 rounds = [r for r in ok if r.split]
-                split = {k: statistics.fmean(r.split[k] for r in rounds) for k in ("draft", "tree", "verify", "bookkeeping")}
-                split["overhead_share"] = (split["tree"] + split["bookkeeping"]) / sum(split[k] for k in ("draft", "tree", "verify", "bookkeeping"))
+                split = {k: statistics.fmean(r.split[k] for r in rounds) for k in SPLIT_STATS}
+                split["overhead_share"] = (split["tree"] + split["bookkeeping"]) / sum(split[k] for k in SPLIT_STATS)
             table.setdefault(ds, {})[m] = {
                 "runs": len(rs),
                 "mismatches": len(rs) - len(ok),
@@ -234,7 +235,7 @@ def markdown(results: dict) -> str:
         for m, r in methods.items():
             sp = "-" if r["speedup_median"] is None else f"{r['speedup_median']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
             split = r["round_ms"]
-            split_s = " / ".join(f"{split[k]:.1f}" for k in ("draft", "tree", "verify", "bookkeeping")) if split else "-"
+            split_s = " / ".join(f"{split[k]:.1f}" for k in SPLIT_STATS) if split else "-"
             tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
             tps = "-" if r["tokens_per_second"] is None else f"{r['tokens_per_second']:.1f}"
             ident = "yes" if r["mismatches"] == 0 else f"**{r['mismatches']} mismatches**"
