@@ -13,7 +13,7 @@ SMOKE_METHODS = ["plain", "prompt_lookup", "assisted_chain", "eagle1", "eagle2",
                  "eagle2_neither", "eagle2_full_vocab"]  # fmt: skip
 
 
-def test_bench_smoke_on_smollm2(tmp_path, monkeypatch):
+def test_bench_smoke_on_smollm2(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# title\n\n<!-- RESULTS -->\nold table\n<!-- /RESULTS -->\n\n## more\n")
     out = tmp_path / "results.json"
