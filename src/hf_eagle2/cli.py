@@ -70,9 +70,7 @@ def cmd_train(args) -> None:
           f"{trainer.steps_per_epoch} steps/epoch, {trainer.total_steps} steps")  # fmt: skip
     trainer.run(resume=not args.restart)
     head_dir = args.head_out or os.path.join(args.out, "head")
-    from .assets import resolve_dtype
-
-    from .assets import HUB_NAMES
+    from .assets import HUB_NAMES, resolve_dtype
 
     trainer.head.config.target_model = HUB_NAMES.get(args.model, trainer.head.config.target_model)
     trainer.save_head(head_dir, dtype=resolve_dtype(args.head_dtype) if args.head_dtype else None,
