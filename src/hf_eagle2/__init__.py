@@ -7,9 +7,11 @@
 
 from transformers import AutoConfig, AutoModel
 
-from .candidate_generator import EagleCandidateGenerator, TreeOptions
+from .candidate_generator import EagleCandidateGenerator
 from .configuration_eagle import EagleConfig
+from .cpu_kernels import optimize_for_cpu
 from .decoding import EagleGenerateOutput, eagle_generate
+from .drafter import EagleDrafter, TreeOptions
 from .integration import register, unregister
 from .modeling_eagle import EagleDraftModel
 from .stats import EagleStats
@@ -22,6 +24,7 @@ __all__ = [
     "DraftTree",
     "EagleCandidateGenerator",
     "EagleConfig",
+    "EagleDrafter",
     "EagleDraftModel",
     "EagleGenerateOutput",
     "EagleStats",
@@ -29,6 +32,7 @@ __all__ = [
     "build_dynamic_tree",
     "build_static_tree",
     "eagle_generate",
+    "optimize_for_cpu",
     "register",
     "unregister",
 ]

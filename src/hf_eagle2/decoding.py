@@ -24,7 +24,7 @@ from transformers.cache_utils import DynamicCache, StaticCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import check_cache_supported, prune_tree_cache
-from .candidate_generator import EagleCandidateGenerator, TreeOptions
+from .drafter import EagleDrafter, TreeOptions
 from .modeling_eagle import EagleDraftModel
 from .stats import EagleStats, Timer
 from .target import TargetModel
@@ -103,9 +103,8 @@ def eagle_generate(
     if want_scores:
         scores_out.append(processed[0])
         logits_out.append(raw[0])
-    generator = EagleCandidateGenerator(draft, model, options, max_length=max_length)
-    generator.timer = timer
-    generator.add_features(hidden, valid_prompt)
+    drafter = EagleDrafter(draft, model, options, timer=timer)
+    drafter.add_features(hidden, valid_prompt)
 
     sequences = torch.full((bsz, max_length), pad_id, dtype=torch.long, device=device)
     sequences[:, :prompt_len] = input_ids
@@ -122,9 +121,7 @@ def eagle_generate(
         max_depth = max(0, min(options.depth if options.tree != "eagle1" else 64, remaining - 1))
         max_nodes = None if static_capacity is None else static_capacity - cache.get_seq_length()
         with timer("draft_s"):
-            tree = generator.get_candidates(
-                slot_tokens, positions=slot_pos.clamp(min=0), max_depth=max_depth, max_nodes=max_nodes
-            )
+            tree = drafter.draft_tree(slot_tokens, slot_pos.clamp(min=0), max_depth=max_depth, max_nodes=max_nodes)
         num_nodes = tree.num_nodes
         with timer("bookkeeping_s"):
             positions = root_pos.view(bsz, 1) + tree.depths
@@ -165,9 +162,7 @@ def eagle_generate(
                 raise RuntimeError("tree cache pruning left the cache out of sync with the accepted sequence")
             if not any(unfinished):
                 break
-            generator.update_candidate_strategy(
-                slot_tokens, None, kept, features=hidden.gather(1, _expand(keep, hidden)), valid=in_block
-            )
+            drafter.add_features(hidden.gather(1, _expand(keep, hidden)), in_block)
             block_pos = torch.where(in_block, root_pos.view(bsz, 1) + src, -1)
             root_pos = root_pos + kept + 1
             next_root = new_tokens.gather(1, kept.view(bsz, 1))

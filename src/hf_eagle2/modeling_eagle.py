@@ -35,6 +35,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from .configuration_eagle import EagleConfig
+from .cpu_kernels import NEVER, PackedWeight, is_optimized, min_rows_of, optimize_for_cpu, packed_linear
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -51,6 +52,41 @@ _REQUIRED = [
 ]
 # Present in some official checkpoints, never needed: the target supplies embeddings; RoPE is recomputed.
 _IGNORED = re.compile(r"^(embed_tokens\.weight|.*rotary_emb\.inv_freq)$")
+
+
+class HeadKV:
+    """Preallocated keys and values of the head's layer: (B, H_kv, capacity, D) each, the first `length` filled.
+
+    `append` writes a step's T entries after the filled ones and returns views over all of them, so a step
+    copies only its own entries (a `torch.cat` would copy the whole cache at every step). The buffer doubles
+    when full. The drafter rolls a round's tree entries back with `truncate(context_length)`.
+    """
+
+    def __init__(self, capacity: int = 256):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.length = 0
+        self._initial = capacity
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> KVCache:
+        """keys, values: (B, H_kv, T, D) -> views (B, H_kv, length + T, D) over everything written so far."""
+        num = keys.shape[2]
+        end = self.length + num
+        if self.keys is None or end > self.keys.shape[2]:
+            capacity = max(self._initial, 2 * end)
+            grown_k = keys.new_empty(*keys.shape[:2], capacity, keys.shape[3])
+            grown_v = values.new_empty(*values.shape[:2], capacity, values.shape[3])
+            if self.keys is not None and self.length:
+                grown_k[:, :, : self.length] = self.keys[:, :, : self.length]
+                grown_v[:, :, : self.length] = self.values[:, :, : self.length]
+            self.keys, self.values = grown_k, grown_v
+        self.keys[:, :, self.length : end] = keys
+        self.values[:, :, self.length : end] = values
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
 
 
 class EagleAttention(nn.Module):
@@ -72,16 +108,22 @@ class EagleAttention(nn.Module):
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
-        past_key_value: KVCache | None,
-    ) -> tuple[torch.Tensor, KVCache]:
-        """x: (B, T, H); attention_mask: (B, 1, T, S) bool, True = attend, S = past + T; None = causal."""
+        past_key_value: KVCache | HeadKV | None,
+    ) -> tuple[torch.Tensor, KVCache | HeadKV]:
+        """x: (B, T, H); attention_mask: (B, 1, T, S) bool, True = attend, S = past + T; None = causal.
+
+        past_key_value: a (keys, values) tuple (returns this step's own (keys, values)), or a `HeadKV` that
+        this step appends to (returned)."""
         bsz, q_len, _ = x.shape
         q = self.q_proj(x).view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(bsz, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(bsz, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *cos_sin)
         new_kv = (k, v)
-        if past_key_value is not None:
+        if isinstance(past_key_value, HeadKV):
+            k, v = past_key_value.append(k, v)
+            new_kv = past_key_value
+        elif past_key_value is not None:
             k = torch.cat([past_key_value[0], k], dim=2)
             v = torch.cat([past_key_value[1], v], dim=2)
         is_causal = attention_mask is None and past_key_value is None and q_len > 1
@@ -118,6 +160,8 @@ class _TargetBinding:
     head_weight: torch.Tensor  # (N, H): the target's lm_head rows for the draft vocabulary
     head_bias: torch.Tensor | None
     source_weight: torch.Tensor  # the target lm_head weight the rows were taken from
+    head_packed: PackedWeight | None = None  # oneDNN copy of head_weight when the target runs `optimize_for_cpu`
+    min_rows: int = 1
 
 
 class EagleDraftModel(PreTrainedModel):
@@ -171,7 +215,8 @@ class EagleDraftModel(PreTrainedModel):
             raise ValueError(f"{type(target).__name__} has no output embeddings (lm_head) for the draft head to use")
         weight = head.weight
         b = self._binding
-        if b is not None and b.target_id == id(target) and b.source_weight is weight:
+        fast = is_optimized(head)  # optimize_for_cpu(target) reaches its lm_head too
+        if b is not None and b.target_id == id(target) and b.source_weight is weight and fast == (b.head_packed is not None):
             return self
         text_config = target.config.get_text_config()
         if text_config.hidden_size != self.config.hidden_size:
@@ -194,7 +239,14 @@ class EagleDraftModel(PreTrainedModel):
             head_bias = None if bias is None else bias.detach()[self.d2t].contiguous()
         else:
             head_weight, head_bias = weight.detach(), None if bias is None else bias.detach()
-        self._binding = _TargetBinding(id(target), target.get_input_embeddings(), head_weight, head_bias, weight)
+        binding = _TargetBinding(id(target), target.get_input_embeddings(), head_weight, head_bias, weight)
+        if fast:  # the head follows the target onto the fast CPU kernels
+            rows = min_rows_of(head)
+            optimize_for_cpu(self, min_rows=rows)
+            binding.head_packed, binding.min_rows = PackedWeight(), rows.get(head_weight.dtype, NEVER)
+        elif is_optimized(self):
+            optimize_for_cpu(self, enable=False)
+        self._binding = binding
         return self
 
     def unbound_copy(self) -> "EagleDraftModel":
@@ -219,6 +271,8 @@ class EagleDraftModel(PreTrainedModel):
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., N) logits over the draft vocabulary."""
         b = self.binding
+        if b.head_packed is not None:
+            return packed_linear(hidden, b.head_weight, b.head_bias, b.head_packed, b.min_rows)
         return F.linear(hidden, b.head_weight, b.head_bias)
 
     def to_target_ids(self, draft_ids: torch.LongTensor) -> torch.LongTensor:
@@ -232,15 +286,15 @@ class EagleDraftModel(PreTrainedModel):
         features: torch.Tensor,
         position_ids: torch.LongTensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_value: KVCache | None = None,
+        past_key_value: KVCache | HeadKV | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, KVCache]:
+    ) -> tuple[torch.Tensor, KVCache | HeadKV]:
         """One head step over T pairs (feature_t, token_{t+1}).
 
         input_ids: (B, T) tokens t+1 (or inputs_embeds (B, T, H)); features: (B, T, H) target (or drafted)
         features at t; position_ids: (B, T) = t; attention_mask: (B, 1, T, S) bool over past + new keys, or None
         for plain causal attention without a cache. Returns the predicted features (B, T, H) and the new
-        (keys, values) of these T positions, each (B, H_kv, T, D).
+        (keys, values) of these T positions, each (B, H_kv, T, D), or with a `HeadKV` cache that cache.
         """
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)

@@ -1,0 +1,198 @@
+"""`optimize_for_cpu(model)`: run the linears of a model through oneDNN with prepacked weights where that is faster.
+
+Why: on x86 CPUs, stock `nn.Linear` goes to MKL, whose small-M GEMM (M = 2..32 rows: a tree verification pass)
+is far slower per row than its GEMV (M = 1), so a 17-token pass costs ~2x a decode step. oneDNN with the weight
+reordered once into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`) keeps the cost of M = 2..32
+close to M = 1, and in bf16 it uses AMX/AVX512-BF16 where the CPU has them. Which kernel wins at which M depends
+on the CPU and the dtype (on some CPUs MKL's fp32 GEMV beats oneDNN at M = 1), so `optimize_for_cpu` times
+both on the model's own weight shapes once per machine, dtype and thread count (cached on disk) and records, per
+dtype, the smallest M from which the packed kernel is used (`hf-eagle2 bench --cost-curve` shows the result).
+`torch.compile` was the other candidate: it compiles ~25 s per shape, and tree passes change shape every round.
+
+The switch swaps the class of each linear to `PackedLinear` (a subclass: `isinstance(m, nn.Linear)` holds, the
+state dict and parameters are untouched), so plain `generate` on the same model object gets the same kernels and
+plain and speculative decoding are compared on equal terms. The packed copy is rebuilt when the weight changes
+(in place or by assignment) and is never saved or deep-copied. What the fast path cannot do exactly (autograd,
+non-CPU tensors, dtypes other than fp32/bf16) falls back to `F.linear`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FAST_DTYPES = (torch.float32, torch.bfloat16)
+NEVER = 1 << 62  # min_rows meaning "always use F.linear"
+
+
+def fast_path_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class PackedWeight:
+    """A weight (N, K) reordered for oneDNN, rebuilt when the source tensor changes."""
+
+    __slots__ = ("_key", "_packed")
+
+    def __init__(self):
+        self._key, self._packed = None, None
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor:
+        version = -1 if weight.is_inference() else weight._version  # inference tensors keep no version counter
+        key = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
+        if key != self._key:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            self._key = key
+        return self._packed
+
+
+def packed_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: PackedWeight, min_rows: int = 1
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) through oneDNN when x has >= min_rows rows and the fast path applies.
+
+    x: (..., K), weight: (N, K) -> (..., N)."""
+    if (
+        x.numel() < min_rows * x.shape[-1]
+        or x.device.type != "cpu"
+        or x.dtype != weight.dtype
+        or weight.dtype not in FAST_DTYPES
+        or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+    ):
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed.get(weight), bias, "none", [], "")
+
+
+class PackedLinear(nn.Linear):
+    """`nn.Linear` that uses a oneDNN-prepacked copy of its weight for inputs of >= `min_rows` rows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        state = self.__dict__
+        packed = state.get("_packed_weight")
+        if packed is None:
+            packed = state["_packed_weight"] = PackedWeight()
+        return packed_linear(x, self.weight, self.bias, packed, state.get("_min_rows", {}).get(self.weight.dtype, 1))
+
+    def __getstate__(self):  # deepcopy / pickle: the packed copy is a cache, rebuilt on first use
+        state = dict(super().__getstate__())
+        state.pop("_packed_weight", None)
+        return state
+
+
+def optimize_for_cpu(model: nn.Module, enable: bool = True, min_rows: dict | None = None) -> nn.Module:
+    """Puts the `nn.Linear`s of `model` on the oneDNN prepacked path (enable=False restores stock `nn.Linear`).
+
+    Returns `model` (changed in place). A no-op for linears whose weights are not on the CPU (e.g. CUDA) and when
+    this torch build has no oneDNN. min_rows: {dtype: M} uses the packed kernel for inputs of >= M rows; default:
+    measured on this machine (`kernel_crossover`). Outputs agree with `F.linear` to float rounding (another
+    summation order), so compare plain and speculative decoding on the same kernels. An EAGLE head bound to an
+    optimised target is optimised too (see `EagleDraftModel.bind`).
+    """
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not enable:
+        for module in linears:
+            if type(module) is PackedLinear:
+                module.__dict__.pop("_packed_weight", None)
+                module.__dict__.pop("_min_rows", None)
+                module.__class__ = nn.Linear
+        return model
+    cpu = [m for m in linears if type(m) in (nn.Linear, PackedLinear) and m.weight.device.type == "cpu"]
+    if not cpu or not fast_path_available():
+        return model
+    if min_rows is None:
+        dtypes = {m.weight.dtype for m in cpu if m.weight.dtype in FAST_DTYPES}
+        shapes = sorted({tuple(m.weight.shape) for m in cpu})
+        min_rows = {dtype: kernel_crossover(dtype, shapes) for dtype in dtypes}
+    for module in cpu:
+        module.__class__ = PackedLinear
+        module.__dict__["_min_rows"] = dict(min_rows)
+    return model
+
+
+def is_optimized(model: nn.Module) -> bool:
+    """True when the linears of `model` run through `PackedLinear`."""
+    return any(type(m) is PackedLinear for m in model.modules())
+
+
+def min_rows_of(model: nn.Module) -> dict:
+    """The {dtype: min_rows} dispatch of an optimised model ({} when it is not optimised)."""
+    for m in model.modules():
+        if type(m) is PackedLinear:
+            return dict(m.__dict__.get("_min_rows", {}))
+    return {}
+
+
+ROWS_PROBED = (1, 2, 4, 8, 16, 32)
+
+
+def kernel_crossover(dtype: torch.dtype, shapes: list[tuple[int, int]], refresh: bool = False) -> int:
+    """The smallest M of ROWS_PROBED from which oneDNN-packed beats F.linear at every larger probed M, on
+    `shapes` (N, K) in `dtype`; NEVER if it never does. Cached per CPU, torch version, threads, dtype, shapes."""
+    from .assets import cache_root
+
+    cpu_name = _cpu_name()
+    key = f"{cpu_name}|{torch.__version__}|{torch.get_num_threads()}|{dtype}|{shapes}"
+    path = os.path.join(cache_root(), "kernels", f"{abs(hash_str(key)):016x}.json")
+    if os.path.exists(path) and not refresh:
+        with open(path) as f:
+            return int(json.load(f)["min_rows"])
+    timings = time_kernels(dtype, shapes)
+    faster = [timings["packed"][m] < 0.95 * timings["stock"][m] for m in ROWS_PROBED]
+    min_rows = NEVER
+    for i in range(len(ROWS_PROBED) - 1, -1, -1):
+        if not faster[i]:
+            break
+        min_rows = ROWS_PROBED[i]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"key": key, "min_rows": min_rows, "timings_ms": timings}, f)
+    return min_rows
+
+
+@torch.inference_mode()
+def time_kernels(dtype: torch.dtype, shapes: list[tuple[int, int]], repeats: int = 7) -> dict:
+    """{'stock'|'packed': {M: ms}}: one pass over `shapes` (N, K), each weight used once per pass, with enough
+    distinct copies (>= 64 MB) that they come from memory as in a real forward; the two kernels interleaved."""
+    copies = max(1, int(64e6 // max(1, sum(n * k for n, k in shapes) * torch.finfo(dtype).bits // 8)))
+    weights = [[torch.randn(n, k, dtype=dtype) * 0.02 for n, k in shapes] for _ in range(copies)]
+    packed = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
+    out = {"stock": {}, "packed": {}}
+    for m in ROWS_PROBED:
+        xs = {k: torch.randn(1, m, k, dtype=dtype) for _, k in shapes}
+        runs = {"stock": [], "packed": []}
+        for r in range(repeats + 1):
+            for name in ("stock", "packed") if r % 2 == 0 else ("packed", "stock"):
+                start = time.perf_counter()
+                for layer_w, layer_p in zip(weights, packed):
+                    for w, p in zip(layer_w, layer_p):
+                        x = xs[w.shape[1]]
+                        if name == "stock":
+                            F.linear(x, w)
+                        else:
+                            torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+                if r:  # the first round is a warm-up
+                    runs[name].append(time.perf_counter() - start)
+        for name in runs:
+            out[name][m] = 1000 * statistics.median(runs[name]) / copies
+    return out
+
+
+def hash_str(text: str) -> int:
+    import hashlib
+
+    return int(hashlib.sha1(text.encode()).hexdigest()[:15], 16)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.machine())
+    except OSError:
+        return platform.processor() or platform.machine()

@@ -1,0 +1,179 @@
+"""`EagleDrafter`: the draft side of one tree-speculative `generate` call.
+
+The drafter owns the head's KV cache over the accepted context: one entry per pair (feature_t, token_{t+1})
+for every accepted position t whose target feature is known. Each round it
+
+1. feeds the pairs whose features arrived since the last round (`add_features`: the target's final hidden
+   states at the root and at each accepted node), and
+2. expands a draft tree from the head's output at the root, on top of that cache. The tree's own KV entries
+   are written after the context in the same preallocated buffer (`HeadKV`) and rolled back when the tree is
+   built, so the cache never holds drafted (unverified) positions and no step copies the whole cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .modeling_eagle import EagleDraftModel, HeadKV
+from .tree import (
+    EAGLE1_TREE,
+    DraftTree,
+    StaticTreeSpec,
+    build_dynamic_tree,
+    build_static_tree,
+    chain_tree,
+    root_only_tree,
+)
+
+TREE_KINDS = ("eagle2", "eagle1", "chain")
+
+
+@dataclass(frozen=True)
+class TreeOptions:
+    """How to draft. `total_tokens` (m), `depth` and `top_k` (k) apply to eagle2; `depth` also to chain."""
+
+    tree: str = "eagle2"
+    total_tokens: int = 60
+    depth: int = 6
+    top_k: int = 10
+    use_global_value: bool = True  # ablation switch (eagle2): rank by V_i, or by each node's own confidence
+    rerank: bool = True  # ablation switch (eagle2): rerank all candidates, or keep the expanded frontier
+    static_paths: tuple[tuple[int, ...], ...] | None = None  # eagle1 shape; default EAGLE1_TREE
+    record_calibration: bool = False
+    profile: bool = False
+
+    def __post_init__(self):
+        if self.tree not in TREE_KINDS:
+            raise ValueError(f"tree must be one of {TREE_KINDS}, got {self.tree!r}")
+        for name in ("total_tokens", "depth", "top_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"tree_{name} must be a positive int, got {value!r}")
+
+    def static_spec(self, depth_limit: int, max_nodes: int | None = None) -> StaticTreeSpec:
+        paths = chain_tree(self.depth) if self.tree == "chain" else (self.static_paths or EAGLE1_TREE)
+        return _static_spec(tuple(map(tuple, paths)), depth_limit, max_nodes)
+
+
+@functools.lru_cache(maxsize=64)
+def _static_spec(paths: tuple[tuple[int, ...], ...], depth_limit: int, max_nodes: int | None) -> StaticTreeSpec:
+    """The static tree cut to depth_limit and, keeping the shallowest nodes first, to max_nodes (root included)."""
+    kept = sorted((p for p in paths if len(p) <= depth_limit), key=lambda p: (len(p), p))
+    return StaticTreeSpec.from_paths(kept if max_nodes is None else kept[: max_nodes - 1])
+
+
+class EagleDrafter:
+    """Head KV over the accepted context plus tree drafting, for one generate call (rows share only tensors)."""
+
+    def __init__(self, draft: EagleDraftModel, target_model, options: TreeOptions, timer=None):
+        self.draft = draft.bind(target_model)
+        self.options = options
+        self.kv = HeadKV()
+        self.ctx_valid: torch.BoolTensor | None = None  # (B, C): False for padding / holes
+        self.pending: list[torch.Tensor] = []  # target features (B, T, H) not fed to the head yet
+        self.pending_valid: list[torch.BoolTensor | None] = []
+        self.last_tree: DraftTree | None = None
+        self.timer = timer  # optional stats.Timer: head forwards and logits are timed as "draft_model_s"
+
+    @property
+    def fed(self) -> int:
+        """C: number of context slots in the head cache."""
+        return self.kv.length
+
+    def _timed(self):
+        return self.timer("draft_model_s") if self.timer is not None else contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ context
+    def add_features(self, features: torch.Tensor, valid: torch.BoolTensor | None = None) -> None:
+        """Queue target features (B, T, H) of the next T accepted slots (valid: (B, T), False for holes)."""
+        self.pending.append(features)
+        self.pending_valid.append(valid)
+
+    def discard_pending(self) -> None:
+        self.pending.clear()
+        self.pending_valid.clear()
+
+    def _feed_context(self, input_ids: torch.LongTensor, positions: torch.LongTensor) -> torch.Tensor:
+        """Feeds queued pairs; input_ids (B, S) holds the slots' tokens, the last being the root.
+
+        positions: (B, S) logical positions of the slots. Returns the head output at the root (B, H).
+        """
+        features = torch.cat(self.pending, dim=1) if len(self.pending) > 1 else self.pending[0]
+        bsz, num_new = features.shape[:2]
+        device = features.device
+        valid_parts = [
+            v if v is not None else torch.ones(bsz, f.shape[1], dtype=torch.bool, device=device)
+            for f, v in zip(self.pending, self.pending_valid)
+        ]
+        valid = torch.cat(valid_parts, dim=1) if len(valid_parts) > 1 else valid_parts[0]
+        self.discard_pending()
+        start = self.fed
+        if input_ids.shape[1] != start + num_new + 1:
+            raise RuntimeError("draft context out of sync with the sequence")
+        tokens = input_ids[:, start + 1 : start + num_new + 1]
+        pos = positions[:, start : start + num_new]
+        ctx_valid = valid if self.ctx_valid is None else torch.cat([self.ctx_valid, valid], dim=1)
+        rows = torch.arange(num_new, device=device)
+        cols = torch.arange(start + num_new, device=device)
+        causal = cols.unsqueeze(0) <= start + rows.unsqueeze(1)  # (T, C + T)
+        itself = cols.unsqueeze(0) == start + rows.unsqueeze(1)  # holes attend to themselves only, never NaN
+        mask = ((causal.unsqueeze(0) & ctx_valid.unsqueeze(1)) | itself).unsqueeze(1)  # (B, 1, T, C + T)
+        with self._timed():
+            hidden, _ = self.draft(tokens, features.to(self.draft.fc.weight.dtype), pos, mask, self.kv)
+        self.ctx_valid = ctx_valid
+        return hidden[:, -1]
+
+    # ------------------------------------------------------------------ tree
+    def draft_tree(
+        self, input_ids: torch.LongTensor, positions: torch.LongTensor, max_depth: int, max_nodes: int | None = None,
+        options: TreeOptions | None = None,
+    ) -> DraftTree:  # fmt: skip
+        """Builds a draft tree below the last token of `input_ids` (B, S); positions: (B, S) logical positions.
+
+        max_depth / max_nodes (root included) cap the tree near the end of max_length or of a static cache;
+        options overrides the drafter's own for this tree."""
+        opts = options or self.options
+        root_hidden = self._feed_context(input_ids, positions)
+        root_pos = positions[:, -1]  # (B,)
+        context = self.fed
+        ctx_valid = self.ctx_valid
+
+        def draft_step(tokens, parent_hidden, depth, anc):
+            bsz, num = tokens.shape
+            mask = torch.cat([ctx_valid.unsqueeze(1).expand(bsz, num, context), anc], dim=-1).unsqueeze(1)
+            pos = (root_pos + depth - 1).unsqueeze(1).expand(bsz, num)
+            with self._timed():
+                hidden, _ = self.draft(tokens, parent_hidden, pos, mask, self.kv)
+            return hidden
+
+        root_tokens = input_ids[:, -1]
+        common = (root_tokens, root_hidden, draft_step, self._logprobs, self.draft.to_target_ids)
+        if max_nodes is not None:
+            max_depth = min(max_depth, max_nodes - 1)
+        try:
+            if max_depth < 1:  # no room for draft tokens (end of max_length): verify the root alone
+                tree = root_only_tree(root_tokens, root_hidden.float())
+            elif opts.tree == "eagle2":
+                tree = build_dynamic_tree(
+                    *common,
+                    total_tokens=opts.total_tokens if max_nodes is None else min(opts.total_tokens, max_nodes - 1),
+                    depth=min(opts.depth, max_depth),
+                    top_k=min(opts.top_k, self.draft.draft_vocab_size),
+                    use_global_value=opts.use_global_value,
+                    rerank=opts.rerank,
+                )
+            else:
+                tree = build_static_tree(*common, spec=opts.static_spec(max_depth, max_nodes))
+        finally:
+            self.kv.truncate(context)  # forget the tree's entries
+        self.last_tree = tree
+        return tree
+
+    def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        with self._timed():
+            return F.log_softmax(self.draft.draft_logits(hidden).float(), dim=-1)
