@@ -14,6 +14,7 @@ TREES = [
     dict(tree="eagle2"),  # paper defaults: m=60, depth 6, k=10
     dict(tree="eagle1"),
     dict(tree="chain", tree_depth=3),
+    dict(tree="eagle2", tree_total_tokens=12, tree_depth=3, tree_top_k=3, tree_ngram=8),  # n-gram branch
 ]
 
 

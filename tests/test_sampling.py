@@ -38,14 +38,15 @@ def exact_joint(model, prompt, **gen):
     return joint
 
 
-def sample_pairs(model, prompt, draft, n, seed, **gen):
+def sample_pairs(model, prompt, draft, n, seed, tree_ngram=0, **gen):
     torch.manual_seed(seed)
     batch = prompt.expand(100, -1)
     counts = torch.zeros(VOCAB, VOCAB, dtype=torch.long)
     accepted = 0
     for _ in range(n // 100):
         out = model.generate(batch, assistant_model=draft, tree="eagle2", tree_total_tokens=12, tree_depth=3,
-                             tree_top_k=4, do_sample=True, max_new_tokens=4, return_dict_in_generate=True, **gen)  # fmt: skip
+                             tree_top_k=4, tree_ngram=tree_ngram, do_sample=True, max_new_tokens=4,
+                             return_dict_in_generate=True, **gen)  # fmt: skip
         pairs = out.sequences[:, prompt.shape[1] + 1 : prompt.shape[1] + 3]
         counts.index_put_((pairs[:, 0], pairs[:, 1]), torch.ones(len(pairs), dtype=torch.long), accumulate=True)
         accepted += sum(i * c for i, c in enumerate(out.eagle_stats.accept_hist))
@@ -73,15 +74,19 @@ def setup():
     return model, draft, prompt
 
 
-@pytest.mark.parametrize("gen", [dict(), dict(temperature=0.7, top_k=6, top_p=0.95)], ids=["plain", "warped"])
-def test_joint_distribution_matches_plain_sampling(setup, gen):
+@pytest.mark.parametrize(
+    "gen, tree_ngram",
+    [(dict(), 0), (dict(temperature=0.7, top_k=6, top_p=0.95), 0), (dict(), 3)],
+    ids=["plain", "warped", "ngram-branch"],
+)
+def test_joint_distribution_matches_plain_sampling(setup, gen, tree_ngram):
     model, draft, prompt = setup
     joint = exact_joint(model, prompt, **gen)
     assert (joint > 0.01).sum() >= 10  # a spread law, so the test has power
-    counts, accepted = sample_pairs(model, prompt, draft, SAMPLES, seed=0, **gen)
+    counts, accepted = sample_pairs(model, prompt, draft, SAMPLES, seed=0, tree_ngram=tree_ngram, **gen)
     assert accepted > SAMPLES // 4  # drafts were accepted: the tree path is what is being tested
     pvalue = chi2_pvalue(counts, joint)
-    print(f"tree sampling {gen}: {SAMPLES} samples, {accepted} accepted drafts, chi-square p = {pvalue:.3g}")
+    print(f"tree sampling {gen} ngram={tree_ngram}: {SAMPLES} samples, {accepted} accepted drafts, chi-square p = {pvalue:.3g}")
     assert pvalue > 1e-3
 
 

@@ -185,3 +185,61 @@ def test_small_parameter_corners(m, depth, k):
     tree.check()
     assert tree.num_nodes == 1 + min(m, k + (depth - 1) * k * k)
     assert tree.max_depth <= depth
+
+
+def chain_of(tokens, rate, bsz=2):
+    from hf_eagle2.ngram import NgramChain
+
+    t = torch.tensor(tokens).expand(bsz, -1)
+    depth = torch.arange(1, t.shape[1] + 1, dtype=torch.float32)
+    return NgramChain(t.clone(), torch.full((bsz,), t.shape[1]), (depth * torch.log(torch.tensor(rate))).expand(bsz, -1))
+
+
+def assert_distinct_siblings(tree):
+    for b in range(tree.tokens.shape[0]):
+        seen = set()
+        for i in range(1, tree.num_nodes):
+            key = (int(tree.parents[b, i]), int(tree.tokens[b, i]))
+            assert key not in seen, "two siblings carry the same token"
+            seen.add(key)
+
+
+def test_ngram_chain_with_high_value_is_kept_whole_and_merges_with_head_nodes():
+    draft = FakeDraft(seed=3)
+    base, root_hidden, _ = build(draft, m=10, depth=3, k=3)
+    best_first = int(base.tokens[0, 1])  # the head's best depth-1 token for row 0
+    chain = chain_of([best_first, 7, 7, 7, 7], rate=0.999)
+    tree, _, _ = build(FakeDraft(seed=3), m=10, depth=3, k=3, chain=chain)
+    tree.check()
+    assert_distinct_siblings(tree)
+    paths = {tuple(p) for p in node_paths(tree, 0)}
+    for d in range(1, 6):  # the whole chain, deeper than the head's depth 3, is in the tree
+        assert tuple([best_first, 7, 7, 7, 7][:d]) in paths
+    assert tree.max_depth == 5
+    # the chain's first token is the head's own depth-1 node: merged, not duplicated
+    depth1 = [int(t) for t, d in zip(tree.tokens[0], tree.depths[0]) if d == 1]
+    assert depth1.count(best_first) == 1
+    nodes = tree.extras["chain_nodes"][0]
+    assert (nodes > 0).all() and torch.equal(tree.tokens[0, nodes], torch.tensor([best_first, 7, 7, 7, 7]))
+
+
+def test_ngram_chain_with_low_value_loses_to_head_nodes():
+    chain = chain_of([5, 6, 7], rate=1e-4)
+    tree, _, _ = build(FakeDraft(seed=3), m=6, depth=3, k=3, chain=chain)
+    base, _, _ = build(FakeDraft(seed=3), m=6, depth=3, k=3)
+    tree.check()
+    for b in range(2):  # the same nodes as without the chain (a chain token the head also proposed may merge)
+        assert {tuple(p) for p in node_paths(tree, b)} == {tuple(p) for p in node_paths(base, b)}
+
+
+def test_ngram_proposer_finds_the_most_recent_match():
+    from hf_eagle2.ngram import NgramProposer
+
+    prop = NgramProposer(length=3, max_ngram=2)
+    seq = torch.tensor([1, 2, 3, 4, 9, 1, 2, 5, 6, 8, 1, 2])
+    chain = prop.propose([seq, torch.tensor([4, 5, 6])], max_len=10)
+    assert chain.tokens[0].tolist() == [5, 6, 8] and chain.lengths.tolist() == [3, 0]
+    assert prop.propose([torch.tensor([4, 5, 6])], max_len=10) is None
+    prop.update(proposed=4, accepted=4)
+    assert prop.accept_rate > 0.5
+    assert chain.logv[0, 1] < chain.logv[0, 0] < 0

@@ -118,10 +118,11 @@ def eagle_generate(
 
     while any(unfinished):
         remaining = max(max_length - seq_len[b] for b in range(bsz) if unfinished[b])
-        max_depth = max(0, min(options.depth if options.tree != "eagle1" else 64, remaining - 1))
+        max_depth = max(0, min(64, remaining - 1))  # the drafter also caps it at the tree's own depth
         max_nodes = None if static_capacity is None else static_capacity - cache.get_seq_length()
         with timer("draft_s"):
-            tree = drafter.draft_tree(slot_tokens, slot_pos.clamp(min=0), max_depth=max_depth, max_nodes=max_nodes)
+            lookup_rows = [sequences[b, : seq_len[b]] for b in range(bsz)] if drafter.ngram is not None else None
+            tree = drafter.draft_tree(slot_tokens, slot_pos.clamp(min=0), max_depth, max_nodes, rows=lookup_rows)
         num_nodes = tree.num_nodes
         with timer("bookkeeping_s"):
             positions = root_pos.view(bsz, 1) + tree.depths
@@ -135,6 +136,7 @@ def eagle_generate(
             acc = accept(tree, sample_choices(processed) if do_sample else processed.argmax(-1))
             if calib is not None:
                 calib.add(tree, acc)
+            drafter.record_acceptance(tree, acc.valid, acc.correct)
             counts = acc.num_accepted.tolist()
             new_tokens = torch.cat([tree.tokens.gather(1, acc.path[:, 1:]), acc.next_token.view(bsz, 1)], dim=1)
             # new_tokens[b, :counts[b]] are the accepted draft tokens, new_tokens[b, counts[b]] is the bonus

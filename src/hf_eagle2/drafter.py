@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .modeling_eagle import EagleDraftModel, HeadKV
+from .ngram import NgramProposer
 from .tree import (
     EAGLE1_TREE,
     DraftTree,
@@ -44,6 +45,7 @@ class TreeOptions:
     use_global_value: bool = True  # ablation switch (eagle2): rank by V_i, or by each node's own confidence
     rerank: bool = True  # ablation switch (eagle2): rerank all candidates, or keep the expanded frontier
     static_paths: tuple[tuple[int, ...], ...] | None = None  # eagle1 shape; default EAGLE1_TREE
+    ngram: int = 0  # eagle2: length of the n-gram (prompt lookup) branch merged into the tree; 0 = none
     record_calibration: bool = False
     profile: bool = False
 
@@ -54,6 +56,12 @@ class TreeOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"tree_{name} must be a positive int, got {value!r}")
+        if not isinstance(self.ngram, int) or isinstance(self.ngram, bool) or self.ngram < 0:
+            raise ValueError(f"tree_ngram must be an int >= 0 (the n-gram branch length; 0 = off), got {self.ngram!r}")
+        if self.ngram and self.tree != "eagle2":
+            raise ValueError(f"tree_ngram adds a branch to the dynamic tree: it needs tree='eagle2', not {self.tree!r}")
+        if self.ngram and not self.rerank:
+            raise ValueError("tree_ngram needs tree_rerank=True: n-gram nodes are ranked against head nodes by value")
 
     def static_spec(self, depth_limit: int, max_nodes: int | None = None) -> StaticTreeSpec:
         paths = chain_tree(self.depth) if self.tree == "chain" else (self.static_paths or EAGLE1_TREE)
@@ -78,6 +86,7 @@ class EagleDrafter:
         self.pending: list[torch.Tensor] = []  # target features (B, T, H) not fed to the head yet
         self.pending_valid: list[torch.BoolTensor | None] = []
         self.last_tree: DraftTree | None = None
+        self.ngram = NgramProposer(options.ngram) if options.ngram else None
         self.timer = timer  # optional stats.Timer: head forwards and logits are timed as "draft_model_s"
 
     @property
@@ -131,12 +140,13 @@ class EagleDrafter:
     # ------------------------------------------------------------------ tree
     def draft_tree(
         self, input_ids: torch.LongTensor, positions: torch.LongTensor, max_depth: int, max_nodes: int | None = None,
-        options: TreeOptions | None = None,
+        options: TreeOptions | None = None, rows: list[torch.LongTensor] | None = None,
     ) -> DraftTree:  # fmt: skip
         """Builds a draft tree below the last token of `input_ids` (B, S); positions: (B, S) logical positions.
 
         max_depth / max_nodes (root included) cap the tree near the end of max_length or of a static cache;
-        options overrides the drafter's own for this tree."""
+        options overrides the drafter's own for this tree; rows[b]: (L_b,) row b's real tokens ending with the
+        root, where n-gram branches are looked up (default: input_ids)."""
         opts = options or self.options
         root_hidden = self._feed_context(input_ids, positions)
         root_pos = positions[:, -1]  # (B,)
@@ -159,6 +169,9 @@ class EagleDrafter:
             if max_depth < 1:  # no room for draft tokens (end of max_length): verify the root alone
                 tree = root_only_tree(root_tokens, root_hidden.float())
             elif opts.tree == "eagle2":
+                chain = None
+                if self.ngram is not None:
+                    chain = self.ngram.propose(rows if rows is not None else list(input_ids), max_depth)
                 tree = build_dynamic_tree(
                     *common,
                     total_tokens=opts.total_tokens if max_nodes is None else min(opts.total_tokens, max_nodes - 1),
@@ -166,6 +179,7 @@ class EagleDrafter:
                     top_k=min(opts.top_k, self.draft.draft_vocab_size),
                     use_global_value=opts.use_global_value,
                     rerank=opts.rerank,
+                    chain=chain,
                 )
             else:
                 tree = build_static_tree(*common, spec=opts.static_spec(max_depth, max_nodes))
@@ -173,6 +187,18 @@ class EagleDrafter:
             self.kv.truncate(context)  # forget the tree's entries
         self.last_tree = tree
         return tree
+
+    def record_acceptance(self, tree: DraftTree, valid: torch.BoolTensor, correct: torch.BoolTensor) -> None:
+        """Updates the n-gram branch's acceptance estimate from a verified tree (valid, correct: (B, n))."""
+        nodes = tree.extras.get("chain_nodes") if self.ngram is not None else None
+        if nodes is None:
+            return
+        on_tree = nodes >= 0
+        idx = nodes.clamp(min=0)
+        parent_ok = valid.gather(1, tree.parents.clamp(min=0).gather(1, idx)) & on_tree
+        hit = correct.gather(1, idx) & parent_ok
+        counts = torch.stack([parent_ok.sum(), hit.sum()]).tolist()
+        self.ngram.update(*counts)
 
     def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         with self._timed():

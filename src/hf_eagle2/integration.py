@@ -32,6 +32,7 @@ TREE_FIELDS = {
     "tree_global_value": "use_global_value",
     "tree_rerank": "rerank",
     "tree_static_paths": "static_paths",
+    "tree_ngram": "ngram",
     "eagle_record_calibration": "record_calibration",
     "eagle_profile": "profile",
 }

@@ -144,11 +144,13 @@ def build_dynamic_tree(
     top_k: int,
     use_global_value: bool = True,
     rerank: bool = True,
+    chain=None,
 ) -> DraftTree:
     """EAGLE-2 dynamic tree. root_tokens: (B,), root_hidden: (B, H) = head output at the root.
 
-    Returns a DraftTree of min(total_tokens, #candidates) + 1 nodes. Head forwards: depth - 1 (plus the one that
-    produced root_hidden).
+    chain: optional `ngram.NgramChain` below the root, merged into the candidates before reranking (see
+    `_merge_chain`). Returns a DraftTree of min(total_tokens, #head candidates) + 1 nodes. Head forwards:
+    depth - 1 (plus the one that produced root_hidden).
     """
     bsz, hidden_size = root_hidden.shape
     device = root_hidden.device
@@ -194,17 +196,79 @@ def build_dynamic_tree(
 
     tokens, local, score = torch.cat(cand_tokens, 1), torch.cat(cand_local, 1), torch.cat(cand_score, 1)
     key, parent, depths = torch.cat(cand_key, 1), torch.cat(cand_parent, 1), torch.cat(cand_depth, 1)
+    chain_cand = None
+    if chain is not None:
+        if not rerank:
+            raise ValueError("n-gram branches are ranked against head nodes: they need reranking (tree_rerank=True)")
+        tokens, local, score, key, parent, depths, chain_cand = _merge_chain(chain, tokens, local, score, key, parent, depths)
     if rerank:
-        m = min(total_tokens, num_cand)
+        m = min(total_tokens, num_cand)  # never more than the head's candidates: all of those have finite keys
         order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :m]
     else:
         frontier_all = torch.cat(expanded, 1)  # depth-major, k per depth
         m = min(total_tokens, frontier_all.shape[1])
         order = frontier_all[:, :m]
-    selected = torch.sort(order, dim=1).values  # depth-major: parents first
-    tree = _assemble(root_tokens, selected, tokens, parent, depths, score, local, num_cand)
+    selected = torch.sort(order, dim=1).values  # depth-major: parents first (head candidates are numbered so)
+    if chain_cand is not None:
+        selected = _depth_major(selected, depths)
+    tree = _assemble(root_tokens, selected, tokens, parent, depths, score, local, tokens.shape[1])
     tree.extras.update(candidate_scores=score, selected=selected)
+    if chain_cand is not None:
+        node_of_cand = torch.full_like(tokens, -1)
+        node_of_cand.scatter_(1, selected, torch.arange(1, selected.shape[1] + 1, device=device).expand_as(selected))
+        tree.extras["chain_nodes"] = node_of_cand.gather(1, chain_cand)  # (B, L) tree node of each chain step, or -1
     return tree
+
+
+def _depth_major(selected: torch.LongTensor, depths: torch.LongTensor) -> torch.LongTensor:
+    """Orders selected candidate ids (B, m) by depth, then id: parents before children, also for chain nodes
+    (appended after all head candidates, so their ids do not follow depth)."""
+    sel_depth = depths.gather(1, selected)
+    order = torch.sort(sel_depth * (depths.shape[1] + 1) + selected, dim=1).indices
+    return selected.gather(1, order)
+
+
+def _merge_chain(chain, tokens, local, score, key, parent, depths):
+    """Adds an n-gram chain c_1..c_L below the root to the candidate set (B, C), one candidate per step.
+
+    Where the chain's step j coincides with a head candidate (same parent, same token) the two merge: the head
+    candidate's ranking key becomes max(its key, the chain's log value) and the chain's own slot gets key -inf,
+    so siblings keep distinct tokens (which lossless sampling relies on). Otherwise the chain node is a new
+    candidate with the chain's log value as key. Chain values fall with depth and a boosted node only rises,
+    so keys stay non-increasing along every path and the top-m set stays a connected tree.
+    Returns the extended tensors (B, C + L) and the candidate id of each chain step (B, L).
+    """
+    bsz, num = tokens.shape
+    length = chain.tokens.shape[1]
+    device = tokens.device
+    neg_inf = torch.tensor(float("-inf"), device=device, dtype=key.dtype)
+    ids = torch.arange(length, device=device)
+    in_chain = ids.view(1, -1) < chain.lengths.view(-1, 1)  # (B, L)
+    chain_logv = chain.logv.to(key.dtype)
+    chain_parent = torch.full((bsz, length), -1, dtype=torch.long, device=device)
+    chain_cand = torch.empty(bsz, length, dtype=torch.long, device=device)
+    new_key = torch.empty(bsz, length, dtype=key.dtype, device=device)
+    prev = torch.full((bsz,), -1, dtype=torch.long, device=device)
+    for j in range(length):
+        chain_parent[:, j] = prev
+        same = (parent == prev.view(-1, 1)) & (tokens == chain.tokens[:, j : j + 1]) & in_chain[:, j : j + 1]
+        exists = same.any(dim=1)
+        existing = same.to(torch.int8).argmax(dim=1)
+        boost = torch.where(exists & in_chain[:, j], chain_logv[:, j], neg_inf)
+        key = key.scatter_reduce(1, existing.view(-1, 1), boost.view(-1, 1), reduce="amax")
+        new_key[:, j] = torch.where(exists | ~in_chain[:, j], neg_inf, chain_logv[:, j])
+        prev = torch.where(exists, existing, num + j)
+        chain_cand[:, j] = prev
+    cat = lambda a, b: torch.cat([a, b], dim=1)  # noqa: E731
+    return (
+        cat(tokens, chain.tokens),
+        cat(local, torch.where(in_chain, chain_logv.diff(dim=1, prepend=torch.zeros_like(chain_logv[:, :1])), 0.0)),
+        cat(score, chain_logv),
+        cat(key, new_key),
+        cat(parent, chain_parent),
+        cat(depths, (ids + 1).expand(bsz, length)),
+        chain_cand,
+    )
 
 
 def _assemble(root_tokens, selected, tokens, parent, depths, score, local, num_cand) -> DraftTree:
