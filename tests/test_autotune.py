@@ -1,13 +1,15 @@
-"""The auto tree budget: a pure optimiser over a measured cost curve and an acceptance model."""
+"""The per-round tree budget: expected tokens per second from node values and a measured cost curve."""
+
+import math
 
 import pytest
 import torch
 
-from hf_eagle2.autotune import CostModel, choose_budget, expected_tokens
+from hf_eagle2.autotune import CostModel
+from hf_eagle2.drafter import AUTO_MAX_DEPTH, AUTO_MAX_TOKENS, TreeOptions
+from hf_eagle2.tree import RoundBudget
 
 COST = CostModel(verify_q=[1, 3, 5, 9], verify_s=[0.040, 0.045, 0.050, 0.070], draft_step_s=0.005, overhead_s=0.0)
-# expected tokens per round E(m, depth) (hand-made, concave in both)
-E = {(2, 1): 1.5, (2, 2): 1.8, (4, 1): 1.6, (4, 2): 2.2, (4, 3): 2.5, (8, 1): 1.7, (8, 2): 2.4, (8, 3): 3.0}
 
 
 def test_cost_interpolation():
@@ -17,20 +19,36 @@ def test_cost_interpolation():
     assert COST.round_s(4, 2) == pytest.approx(0.050 + 2 * 0.005)
 
 
-def test_choose_budget_hand_computed_optimum():
-    # tokens/s = E / (verify(m + 1) + 0.005 * depth):
-    #   (2,1) 1.5/.050=30.0  (2,2) 1.8/.055=32.7  (4,1) 1.6/.055=29.1  (4,2) 2.2/.060=36.7  (4,3) 2.5/.065=38.5
-    #   (8,1) 1.7/.075=22.7  (8,2) 2.4/.080=30.0  (8,3) 3.0/.085=35.3     -> optimum m=4, depth 3
-    best = choose_budget(COST, lambda m, d: E[(m, d)], m_grid=(2, 4, 8), depths=(1, 2, 3))
-    assert (best["m"], best["depth"]) == (4, 3)
-    assert best["tokens_per_s"] == pytest.approx(2.5 / 0.065)
-    assert all(v == v and v < float("inf") for v in best.values())
+def budget(verify=(0.0, 0.040, 0.050, 0.060, 0.070, 0.200), step=0.005, overhead=0.0):
+    return RoundBudget(torch.tensor(verify), step, overhead)
 
 
-def test_expected_tokens_from_recorded_values():
-    values = [torch.tensor([0.9, 0.5, 0.8, 0.1]), torch.tensor([0.6, 0.3])]
-    depths = [torch.tensor([1, 1, 2, 3]), torch.tensor([1, 2])]
-    # m=2, depth<=2: round 1 keeps 0.9+0.8, round 2 keeps 0.6+0.3 -> 1 + mean(1.7, 0.9) = 2.3
-    assert expected_tokens(values, depths, 2, 2) == pytest.approx(2.3)
-    # depth 1 only: 1 + mean(0.9 + 0.5, 0.6) = 2.0
-    assert expected_tokens(values, depths, 4, 1) == pytest.approx(2.0)
+def test_best_size_hand_computed():
+    # values 0.9, 0.5, 0.1, 0.05 with 2 head steps (0.010 s):
+    #   m=0: 1/.050=20.0  m=1: 1.9/.060=31.7  m=2: 2.4/.070=34.3  m=3: 2.5/.080=31.3  m=4: 2.55/.210=12.1
+    logv = torch.tensor([[0.9, 0.5, 0.1, 0.05]]).log()
+    assert budget().best_size(logv, levels=2) == 2
+    # a batch verifies one size: the largest any row wants (row 2 is confident throughout -> 3)
+    logv2 = torch.tensor([[0.9, 0.5, 0.1, 0.05], [0.99, 0.99, 0.99, 0.01]]).log()
+    assert budget().best_size(logv2, levels=2) == 3
+    # hopeless drafts: verify the root alone (a plain step)
+    assert budget().best_size(torch.full((1, 4), math.log(1e-3)), levels=2) == 0
+
+
+def test_worth_expanding_compares_gain_with_a_head_step():
+    b = budget(step=0.005)  # a plain step costs 0.040 s: a depth is worth it when its frontier holds > 0.125 tokens
+    assert b.worth_expanding(torch.tensor([[0.1, 0.05]]).log())
+    assert not b.worth_expanding(torch.tensor([[0.06, 0.05]]).log())
+
+
+def test_tree_options_auto_resolution():
+    opts = TreeOptions()
+    assert opts.per_round_budget
+    cpu = opts.resolved(torch.device("cpu"))
+    assert (cpu.total_tokens, cpu.depth, cpu.top_k) == (AUTO_MAX_TOKENS, 6, 4)
+    assert TreeOptions(depth="auto").resolved(torch.device("cpu")).depth == AUTO_MAX_DEPTH
+    assert not TreeOptions(total_tokens=16).per_round_budget
+    with pytest.raises(ValueError, match="tree_depth='auto'"):
+        TreeOptions(tree="chain", depth="auto")
+    with pytest.raises(ValueError, match="tree_top_k"):
+        TreeOptions(top_k="auto")

@@ -11,7 +11,8 @@ from hf_eagle2 import EagleDraftModel
 FAMILIES = ["llama", "qwen2", "gemma3"]
 TREES = [
     dict(tree="eagle2", tree_total_tokens=12, tree_depth=4, tree_top_k=4),
-    dict(tree="eagle2"),  # paper defaults: m=60, depth 6, k=10
+    dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10),  # the paper's setting
+    dict(tree="eagle2"),  # defaults: each round sized by the measured cost curve (may verify the root alone)
     dict(tree="eagle1"),
     dict(tree="chain", tree_depth=3),
     dict(tree="eagle2", tree_total_tokens=12, tree_depth=3, tree_top_k=3, tree_ngram=8),  # n-gram branch
@@ -48,7 +49,8 @@ def test_greedy_identity(family_models, tree_kwargs):
         assert sum(stats.accept_hist) == stats.target_forwards
         assert out.cache.get_seq_length() == out.sequences.shape[1] - 1  # all but the last token are cached
         total_accepted += sum(n * c for n, c in enumerate(stats.accept_hist))
-    assert total_accepted > 0  # the small vocabulary makes random drafts agree sometimes: paths are exercised
+    if tree_kwargs != dict(tree="eagle2"):  # the auto budget may rightly find drafting not worth it on a tiny model
+        assert total_accepted > 0  # the small vocabulary makes random drafts agree sometimes: paths are exercised
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

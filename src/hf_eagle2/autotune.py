@@ -1,19 +1,17 @@
-"""`tree_total_tokens="auto"`: pick the tree size m and depth that maximise expected tokens per second here.
+"""`tree_total_tokens="auto"`: size each round's tree by what it is expected to return for what it costs here.
 
-    tokens per second(m, d) = E[tokens per round](m, d) / T_round(m, d)
+    tokens per second of a round keeping the top-m nodes = (1 + sum of their V_i) / (verify(m + 1) + draft + rest)
 
-* T_round(m, d) = verify(m + 1) + draft(d) + overhead: the target's cost of one forward over m + 1 tokens on top
-  of a cached prefix, the head's cost of d drafting steps with the chosen k, and the per-round bookkeeping. All
-  measured once on this machine and cached per (model, device, dtype, threads).
-* E[tokens per round](m, d) = 1 + E[sum over the kept nodes of P(node accepted)]. At most one node per depth is
-  accepted, so the expected number of accepted draft tokens is the sum of the nodes' acceptance probabilities;
-  EAGLE-2's V_i estimates them (the calibration report measures how well). A short profiling run records, per
-  round, the V_i of a large tree (m_max, d_max); since EAGLE-2 keeps the top-m nodes by V_i among those of depth
-  <= d, and a smaller tree's candidates are the first levels of a larger one, E(m, d) follows for every m <= m_max
-  and d <= d_max from that one recording. V_i is mapped through the measured reliability curve first.
+* verify(q): the target's cost of one forward over q tokens on top of a cached prefix, draft: the head's steps,
+  rest: per-round bookkeeping. Measured once on this machine (a few seconds) and cached per model shape,
+  device, dtype, threads and CPU kernels (`optimize_for_cpu`), so the choice follows the hardware: a CPU whose
+  multi-token passes cost ~2x a step keeps small trees, a GPU where they are nearly free keeps large ones.
+* V_i (the product of draft confidences along the path) estimates each node's acceptance; for EAGLE heads it is
+  well calibrated (the calibration report measures it), so 1 + sum V_i is the expected yield of a round.
 
-The official EAGLE code only picks m from a fixed list by timing whole generations; this model also picks the
-depth, and needs a handful of forward timings rather than full generations per candidate.
+The choice is made per round from that round's own values (`tree.RoundBudget`): confident rounds verify more
+nodes, uncertain ones fewer, and drafting stops at the depth whose nodes could not pay for another head step.
+The official EAGLE code instead picks one m from a list by timing whole generations.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import torch
 
 from .assets import cache_root
 
-M_GRID = (2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 60)
 VERIFY_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
@@ -55,31 +52,6 @@ class CostModel:
         return self.verify(m + 1) + depth * self.draft_step_s + self.overhead_s
 
 
-def expected_tokens(values: list[torch.Tensor], depths: list[torch.Tensor], m: int, depth: int) -> float:
-    """1 + mean over rounds of the sum of the m largest (calibrated) node values among nodes of depth <= depth.
-
-    values[r], depths[r]: the nodes of round r's recorded tree (root excluded)."""
-    totals = []
-    for v, d in zip(values, depths):
-        kept = v[d <= depth]
-        totals.append(float(kept.topk(min(m, kept.numel())).values.sum()) if kept.numel() else 0.0)
-    return 1.0 + statistics.fmean(totals) if totals else 1.0
-
-
-def choose_budget(cost: CostModel, expected, m_grid=M_GRID, depths=range(1, 9)) -> dict:
-    """argmax over (m, depth) of expected(m, depth) / cost.round_s(m, depth). `expected` is a callable."""
-    best = None
-    for depth in depths:
-        for m in m_grid:
-            if m < depth:
-                continue  # a tree of depth d needs at least d nodes
-            e = expected(m, depth)
-            rate = e / cost.round_s(m, depth)
-            if best is None or rate > best["tokens_per_s"] * (1 + 1e-9):
-                best = {"m": m, "depth": depth, "expected_tokens": e, "round_s": cost.round_s(m, depth), "tokens_per_s": rate}
-    return best
-
-
 # ---------------------------------------------------------------- measurement (cached)
 def _key(*parts) -> str:
     return hashlib.sha1("|".join(map(str, parts)).encode()).hexdigest()[:16]
@@ -98,10 +70,13 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
     from .target import TargetModel
     from .tree import DraftTree, _ancestors_from_parents
 
+    from .cpu_kernels import min_rows_of
+
     target = TargetModel(model)
     tc = target.config
+    kernels = sorted((str(k), v) for k, v in min_rows_of(model).items())
     key = _key(type(model).__name__, tc.hidden_size, tc.num_hidden_layers, tc.vocab_size, target.device, target.dtype,
-               torch.get_num_threads(), top_k, draft.draft_vocab_size, prefix_len)  # fmt: skip
+               torch.get_num_threads(), top_k, draft.draft_vocab_size, prefix_len, kernels)  # fmt: skip
     path = _cache_file("cost", key)
     if os.path.exists(path) and not refresh:
         with open(path) as f:
@@ -159,73 +134,10 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-@dataclass
-class AcceptanceProfile:
-    """Per recorded round: calibrated node values and depths of a large EAGLE-2 tree, plus bookkeeping time."""
+def round_budget(model, draft, top_k: int) -> "RoundBudget":
+    """The measured (cached) cost model as a per-round `RoundBudget`, with verify costs for q = 1..65."""
+    from .tree import RoundBudget
 
-    values: list[list[float]]
-    depths: list[list[int]]
-    overhead_s: float
-    top_k: int
-    m_max: int
-    d_max: int
-
-    def expected(self, m: int, depth: int) -> float:
-        return expected_tokens([torch.tensor(v) for v in self.values], [torch.tensor(d) for d in self.depths], m, depth)
-
-
-def _draft_key(draft) -> str:
-    with torch.no_grad():
-        fingerprint = float(draft.fc.weight.double().sum()) + float(draft.layers[0].mlp.down_proj.weight.double().abs().sum())
-    return _key(getattr(draft, "name_or_path", ""), draft.config.hidden_size, draft.draft_vocab_size, f"{fingerprint:.6e}")
-
-
-@torch.inference_mode()
-def profile_acceptance(model, draft, prompts: list[torch.Tensor], top_k: int, m_max: int = 64, d_max: int = 8,
-                       max_new_tokens: int = 96, refresh: bool = False) -> AcceptanceProfile:  # fmt: skip
-    """Records a large tree per round on `prompts` (greedy) and maps V_i through the measured reliability curve.
-    Cached per (target, head, k)."""
-    from .calibration import reliability
-
-    tc = model.config.get_text_config()
-    key = _key(type(model).__name__, tc.hidden_size, tc.num_hidden_layers, _draft_key(draft), top_k, m_max, d_max)
-    path = _cache_file("accept", key)
-    if os.path.exists(path) and not refresh:
-        with open(path) as f:
-            return AcceptanceProfile(**json.load(f))
-    logs, overhead, rounds = [], 0.0, 0
-    for ids in prompts:
-        out = model.generate(ids, assistant_model=draft, tree="eagle2", tree_total_tokens=m_max, tree_depth=d_max,
-                             tree_top_k=top_k, max_new_tokens=max_new_tokens, do_sample=False,
-                             return_dict_in_generate=True, eagle_record_calibration=True)  # fmt: skip
-        logs.append(out.eagle_stats.calibration)
-        overhead += out.eagle_stats.bookkeeping_s
-        rounds += out.eagle_stats.rounds
-    value = torch.cat([log["path_logv"] for log in logs]).exp()
-    valid = torch.cat([log["valid"] for log in logs]).bool()
-    curve = reliability(value, valid, bins=20)
-    bins = (value * 20).long().clamp(max=19)
-    calibrated = torch.tensor(curve.accepted, dtype=torch.float64)[bins]  # measured acceptance rate of each V bin
-    round_id = torch.cat([log["round"] + 10_000 * i for i, log in enumerate(logs)])
-    depth = torch.cat([log["depth"] for log in logs])
-    values, depths = [], []
-    for r in torch.unique(round_id).tolist():
-        sel = round_id == r
-        values.append(calibrated[sel].tolist())
-        depths.append(depth[sel].tolist())
-    profile = AcceptanceProfile(values, depths, overhead / max(rounds, 1), top_k, m_max, d_max)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(asdict(profile), f)
-    return profile
-
-
-def auto_budget(model, draft, top_k: int, prompts: list[torch.Tensor], fix_depth: int | None = None,
-                fix_m: int | None = None) -> dict:  # fmt: skip
-    """The (m, depth) with the best expected tokens per second for this target, head and machine."""
     cost = measure_cost(model, draft, top_k)
-    profile = profile_acceptance(model, draft, prompts, top_k)
-    cost.overhead_s = profile.overhead_s
-    depths = [fix_depth] if fix_depth else range(1, profile.d_max + 1)
-    m_grid = [fix_m] if fix_m else [m for m in M_GRID if m <= profile.m_max]
-    return choose_budget(cost, profile.expected, m_grid=m_grid, depths=depths)
+    verify = torch.tensor([cost.verify(max(q, 1)) for q in range(VERIFY_POINTS[-1] + 2)], dtype=torch.float32)
+    return RoundBudget(verify.to(draft.fc.weight.device), cost.draft_step_s, cost.overhead_s)

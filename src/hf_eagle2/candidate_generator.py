@@ -23,7 +23,8 @@ class EagleCandidateGenerator(CandidateGenerator):
     requires_model_outputs = True  # the head reads the target's hidden states
 
     def __init__(self, draft: EagleDraftModel, target_model, options: TreeOptions, max_length: int | None = None):
-        self.drafter = EagleDrafter(draft, target_model, replace(options, tree="chain"))
+        device = target_model.get_output_embeddings().weight.device
+        self.drafter = EagleDrafter(draft, target_model, replace(options, tree="chain").resolved(device))
         self.options = self.drafter.options
         self.max_length = max_length
         self.model_kwargs_overrides = {"output_hidden_states": -1}

@@ -103,7 +103,13 @@ def eagle_generate(
     if want_scores:
         scores_out.append(processed[0])
         logits_out.append(raw[0])
-    drafter = EagleDrafter(draft, model, options, timer=timer)
+    budget = None
+    if options.per_round_budget:
+        from .autotune import round_budget
+
+        budget = round_budget(model, draft.bind(model), options.resolved(device).top_k)
+    options = options.resolved(device)
+    drafter = EagleDrafter(draft, model, options, timer=timer, budget=budget)
     drafter.add_features(hidden, valid_prompt)
 
     sequences = torch.full((bsz, max_length), pad_id, dtype=torch.long, device=device)

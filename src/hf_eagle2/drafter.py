@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -34,14 +34,22 @@ from .tree import (
 TREE_KINDS = ("eagle2", "eagle1", "chain")
 
 
+AUTO_MAX_TOKENS = 60  # tree_total_tokens="auto": the most nodes a round may keep (the paper's m)
+AUTO_MAX_DEPTH = 8  # tree_depth="auto": the deepest a round may draft (it stops earlier when nodes cannot pay)
+
+
 @dataclass(frozen=True)
 class TreeOptions:
-    """How to draft. `total_tokens` (m), `depth` and `top_k` (k) apply to eagle2; `depth` also to chain."""
+    """How to draft. `total_tokens` (m), `depth` and `top_k` (k) apply to eagle2; `depth` also to chain.
+
+    total_tokens="auto" (the default) sizes every round's tree from the measured cost curve (autotune.py);
+    top_k=None means 10 on accelerators and 4 on CPUs, where each extra expanded node costs a head step's share.
+    """
 
     tree: str = "eagle2"
-    total_tokens: int = 60
-    depth: int = 6
-    top_k: int = 10
+    total_tokens: int | str = "auto"
+    depth: int | str = 6
+    top_k: int | None = None
     use_global_value: bool = True  # ablation switch (eagle2): rank by V_i, or by each node's own confidence
     rerank: bool = True  # ablation switch (eagle2): rerank all candidates, or keep the expanded frontier
     static_paths: tuple[tuple[int, ...], ...] | None = None  # eagle1 shape; default EAGLE1_TREE
@@ -54,14 +62,29 @@ class TreeOptions:
             raise ValueError(f"tree must be one of {TREE_KINDS}, got {self.tree!r}")
         for name in ("total_tokens", "depth", "top_k"):
             value = getattr(self, name)
+            if (value == "auto" and name != "top_k") or (value is None and name == "top_k"):
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"tree_{name} must be a positive int, got {value!r}")
+                raise ValueError(f"tree_{name} must be a positive int{' or auto' if name != 'top_k' else ''}, got {value!r}")
+        if self.depth == "auto" and self.tree != "eagle2":
+            raise ValueError(f"tree_depth='auto' sizes the dynamic tree: it needs tree='eagle2', not {self.tree!r}")
         if not isinstance(self.ngram, int) or isinstance(self.ngram, bool) or self.ngram < 0:
             raise ValueError(f"tree_ngram must be an int >= 0 (the n-gram branch length; 0 = off), got {self.ngram!r}")
         if self.ngram and self.tree != "eagle2":
             raise ValueError(f"tree_ngram adds a branch to the dynamic tree: it needs tree='eagle2', not {self.tree!r}")
         if self.ngram and not self.rerank:
             raise ValueError("tree_ngram needs tree_rerank=True: n-gram nodes are ranked against head nodes by value")
+
+    @property
+    def per_round_budget(self) -> bool:
+        return self.tree == "eagle2" and "auto" in (self.total_tokens, self.depth)
+
+    def resolved(self, device: torch.device) -> "TreeOptions":
+        """Concrete numbers for this device: top_k and "auto" sizes filled in (the budget then caps each round)."""
+        top_k = self.top_k if self.top_k is not None else (10 if torch.device(device).type == "cuda" else 4)
+        total = AUTO_MAX_TOKENS if self.total_tokens == "auto" else self.total_tokens
+        depth = AUTO_MAX_DEPTH if self.depth == "auto" else self.depth
+        return replace(self, top_k=top_k, total_tokens=total, depth=depth)
 
     def static_spec(self, depth_limit: int, max_nodes: int | None = None) -> StaticTreeSpec:
         paths = chain_tree(self.depth) if self.tree == "chain" else (self.static_paths or EAGLE1_TREE)
@@ -78,9 +101,11 @@ def _static_spec(paths: tuple[tuple[int, ...], ...], depth_limit: int, max_nodes
 class EagleDrafter:
     """Head KV over the accepted context plus tree drafting, for one generate call (rows share only tensors)."""
 
-    def __init__(self, draft: EagleDraftModel, target_model, options: TreeOptions, timer=None):
+    def __init__(self, draft: EagleDraftModel, target_model, options: TreeOptions, timer=None, budget=None):
+        """options: resolved `TreeOptions`; budget: optional `tree.RoundBudget` sizing each eagle2 round."""
         self.draft = draft.bind(target_model)
         self.options = options
+        self.budget = budget
         self.kv = HeadKV()
         self.ctx_valid: torch.BoolTensor | None = None  # (B, C): False for padding / holes
         self.pending: list[torch.Tensor] = []  # target features (B, T, H) not fed to the head yet
@@ -180,6 +205,7 @@ class EagleDrafter:
                     use_global_value=opts.use_global_value,
                     rerank=opts.rerank,
                     chain=chain,
+                    budget=self.budget,
                 )
             else:
                 tree = build_static_tree(*common, spec=opts.static_spec(max_depth, max_nodes))

@@ -107,8 +107,6 @@ def _generate(original, self, *args, **kwargs):
     max_new = extra.get("max_new_tokens", getattr(generation_config, "max_new_tokens", None))
     if max_new is not None and max_new < 1:
         raise ValueError(f"max_new_tokens must be at least 1 for speculative decoding, got {max_new}")
-    if "auto" in (values["tree_total_tokens"], values["tree_depth"]):
-        values.update(_auto_budget(self, assistant, values, arguments.get("inputs", extra.get("input_ids"))))
     options = TreeOptions(**{field: values[key] for key, field in TREE_FIELDS.items() if values[key] is not None})
 
     # transformers drops `tokenizer` when custom_generate is a callable, so stop strings are built here
@@ -127,21 +125,6 @@ def _generate(original, self, *args, **kwargs):
     )
     arguments["assistant_model"] = None
     return original(self, **arguments, **extra)
-
-
-def _auto_budget(model, draft, values: dict, input_ids) -> dict:
-    """Resolves tree_total_tokens / tree_depth = "auto" (see autotune.py); measured once, then cached."""
-    from .autotune import auto_budget
-
-    if values.get("tree", "eagle2") != "eagle2":
-        raise ValueError('tree_total_tokens="auto" applies to tree="eagle2"')
-    if input_ids is None:
-        raise ValueError('tree_total_tokens="auto" needs input_ids to profile the head on')
-    top_k = values.get("tree_top_k") or TreeOptions.top_k
-    fix_m = None if values.get("tree_total_tokens") in (None, "auto") else int(values["tree_total_tokens"])
-    fix_depth = None if values.get("tree_depth") in (None, "auto") else int(values["tree_depth"])
-    choice = auto_budget(model, draft, top_k, [input_ids[:1]], fix_depth=fix_depth, fix_m=fix_m)
-    return {"tree_total_tokens": choice["m"], "tree_depth": choice["depth"]}
 
 
 def _eagle_custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, *, draft, options, streamer, **model_kwargs):  # noqa: E501

@@ -145,11 +145,14 @@ def build_dynamic_tree(
     use_global_value: bool = True,
     rerank: bool = True,
     chain=None,
+    budget=None,
 ) -> DraftTree:
     """EAGLE-2 dynamic tree. root_tokens: (B,), root_hidden: (B, H) = head output at the root.
 
     chain: optional `ngram.NgramChain` below the root, merged into the candidates before reranking (see
-    `_merge_chain`). Returns a DraftTree of min(total_tokens, #head candidates) + 1 nodes. Head forwards:
+    `_merge_chain`). budget: optional `RoundBudget`: stop expanding when the next depth cannot pay for its head
+    step, and keep only as many of the top nodes as maximise expected tokens per second (then total_tokens is
+    an upper bound). Returns a DraftTree of min(total_tokens, #head candidates) + 1 nodes. Head forwards:
     depth - 1 (plus the one that produced root_hidden).
     """
     bsz, hidden_size = root_hidden.shape
@@ -171,7 +174,11 @@ def build_dynamic_tree(
     frontier_hidden = root_hidden.unsqueeze(1).expand(bsz, k, hidden_size)
     frontier_anc = torch.eye(k, dtype=torch.bool, device=device).expand(bsz, k, k)
     num_cand = k
+    levels = 1
     for d in range(1, depth):
+        if budget is not None and not budget.worth_expanding(frontier_score):
+            break
+        levels += 1
         hidden = draft_step(frontier_tokens, frontier_hidden, d, frontier_anc)  # (B, k, H)
         child_lp, child_idx = draft_logprobs(hidden).float().topk(k, dim=-1)  # (B, k, k)
         child_score = frontier_score.unsqueeze(-1) + child_lp
@@ -203,7 +210,10 @@ def build_dynamic_tree(
         tokens, local, score, key, parent, depths, chain_cand = _merge_chain(chain, tokens, local, score, key, parent, depths)
     if rerank:
         m = min(total_tokens, num_cand)  # never more than the head's candidates: all of those have finite keys
-        order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :m]
+        ranked = torch.sort(key, dim=1, descending=True, stable=True)
+        if budget is not None:
+            m = budget.best_size(ranked.values[:, :m], levels)
+        order = ranked.indices[:, :m]
     else:
         frontier_all = torch.cat(expanded, 1)  # depth-major, k per depth
         m = min(total_tokens, frontier_all.shape[1])
@@ -218,6 +228,37 @@ def build_dynamic_tree(
         node_of_cand.scatter_(1, selected, torch.arange(1, selected.shape[1] + 1, device=device).expand_as(selected))
         tree.extras["chain_nodes"] = node_of_cand.gather(1, chain_cand)  # (B, L) tree node of each chain step, or -1
     return tree
+
+
+@dataclass
+class RoundBudget:
+    """Per-round tree size from a measured cost curve (see autotune.py).
+
+    verify_s: (Q + 1,) seconds of a verification pass over q tokens (index q; index 0 unused); draft_step_s:
+    one head step; overhead_s: the rest of a round. Values V_i (path probabilities, well calibrated for EAGLE
+    heads: see the calibration report) estimate each node's chance of being accepted, so a round keeping the
+    top-m nodes yields 1 + sum of their V_i tokens on average.
+    """
+
+    verify_s: torch.Tensor
+    draft_step_s: float
+    overhead_s: float
+
+    def worth_expanding(self, frontier_logv: torch.Tensor) -> bool:
+        """One more depth yields at most sum(V) of the frontier expected tokens (children's probabilities sum
+        to at most their parent's); worth it when that many tokens, at a plain step's cost each, beat the cost
+        of a head step. frontier_logv: (B, f). One host sync."""
+        gain = frontier_logv.exp().sum(dim=1).max()
+        return bool(gain * self.verify_s[1] > self.draft_step_s)
+
+    def best_size(self, ranked_logv: torch.Tensor, levels: int) -> int:
+        """ranked_logv: (B, M) node values in decreasing order -> the m <= M maximising expected tokens per second
+        (the largest over rows: a batch verifies trees of one size). One host sync."""
+        bsz, num = ranked_logv.shape
+        num = min(num, self.verify_s.numel() - 2)
+        gain = torch.cat([ranked_logv.new_zeros(bsz, 1), ranked_logv[:, :num].exp().cumsum(dim=1)], dim=1) + 1.0
+        cost = self.verify_s[1 : num + 2].to(gain) + levels * self.draft_step_s + self.overhead_s
+        return int((gain / cost).argmax(dim=1).max())
 
 
 def _depth_major(selected: torch.LongTensor, depths: torch.LongTensor) -> torch.LongTensor:
