@@ -1,5 +1,5 @@
 """The repo's `custom_generate/` folder: `model.generate(custom_generate=<repo>, trust_remote_code=True, tree=...)`
-in an interpreter that imports only torch and transformers."""
+in an interpreter that imports only torch and transformers, and `hf-eagle2 push --custom-generate`."""
 
 import ast
 import json
@@ -9,11 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import tiny_model
 
 import hf_eagle2
-from hf_eagle2 import EagleDraftModel
+from hf_eagle2 import EagleDraftModel, hub
 from hf_eagle2.card import parse_front_matter
+from hf_eagle2.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDER = REPO / "custom_generate"
@@ -87,7 +89,8 @@ def test_custom_generate_in_a_fresh_interpreter(tmp_path):
     head.save_pretrained(head_dir)
     # the same loop through `import hf_eagle2`: the child must match it round for round
     ids = torch.tensor(PROMPT)
-    ref = model.generate(ids, assistant_model=head, max_new_tokens=24, do_sample=False, return_dict_in_generate=True, **TREE)
+    ref = model.generate(ids, assistant_model=head, max_new_tokens=24, do_sample=False, return_dict_in_generate=True,
+                         **TREE)  # fmt: skip
 
     env = dict(os.environ)
     env.update(
@@ -132,3 +135,70 @@ def test_folder_layout_and_card():
     assert any(re.match(r"hf-eagle2\b", line) for line in requirements)
     meta = parse_front_matter((FOLDER / "README.md").read_text())
     assert "custom_generate" in meta["tags"] and meta["library_name"] == "transformers"
+
+
+class FakeApi:
+    def __init__(self, token=None):
+        self.calls = []
+
+    def create_repo(self, **kw):
+        self.calls.append(("create_repo", kw))
+
+    def upload_folder(self, **kw):
+        self.calls.append(("upload_folder", kw))
+        return type("Info", (), {"commit_url": "https://huggingface.co/x/y/commit/abc"})()
+
+    def upload_file(self, **kw):
+        self.calls.append(("upload_file", kw))
+        return type("Info", (), {"commit_url": "https://huggingface.co/x/y/commit/def"})()
+
+
+def test_push_custom_generate_to_its_own_repo():
+    api = FakeApi()
+    url = hub.push_custom_generate(str(FOLDER), "someone/eagle2-generate", api=api)
+    assert url.endswith("/commit/def")
+    assert [name for name, _ in api.calls] == ["create_repo", "upload_folder", "upload_file"]
+    repo = {"repo_id": "someone/eagle2-generate", "repo_type": "model", "private": False, "exist_ok": True}
+    assert api.calls[0][1] == repo
+    folder = api.calls[1][1]
+    assert folder["path_in_repo"] == "custom_generate" and folder["folder_path"] == str(FOLDER)
+    assert set(folder["allow_patterns"]) == {"generate.py", "requirements.txt", "README.md"}
+    card = api.calls[2][1]  # the folder's README is the repo's card: the Hub lists the repo under custom_generate
+    assert card["path_in_repo"] == "README.md" and card["path_or_fileobj"] == str(FOLDER / "README.md")
+
+
+def test_push_custom_generate_refuses_a_folder_without_generate_py(tmp_path):
+    (tmp_path / "requirements.txt").write_text("hf-eagle2\n")
+    with pytest.raises(FileNotFoundError, match="generate.py"):
+        hub.push_custom_generate(str(tmp_path), "someone/x", api=FakeApi())
+
+
+def test_cli_push_head_and_custom_generate_into_one_repo(tmp_path, monkeypatch):
+    """`--head` and `--custom-generate` together: one repo serves as both custom_generate= and assistant_model=;
+    the head's card stays the repo's card."""
+    import huggingface_hub
+
+    api = FakeApi()
+    monkeypatch.setattr(huggingface_hub, "HfApi", lambda token=None: api)
+    EagleDraftModel.from_target(tiny_model("llama"), seed=0).save_pretrained(tmp_path)
+    (tmp_path / "README.md").write_text("---\ntags: [eagle]\n---\n# head card\n")
+    monkeypatch.chdir(REPO)  # --custom-generate without a value: ./custom_generate
+    assert main(["push", "--head", str(tmp_path), "--custom-generate", "--repo-id", "someone/head"]) == 0
+    names = [name for name, _ in api.calls]
+    assert names == ["create_repo", "upload_folder", "create_repo", "upload_folder"]
+    assert "README.md" in api.calls[1][1]["allow_patterns"] and api.calls[1][1]["folder_path"] == str(tmp_path)
+    assert api.calls[3][1]["path_in_repo"] == "custom_generate"
+
+
+def test_cli_push_custom_generate_alone(monkeypatch):
+    import huggingface_hub
+
+    api = FakeApi()
+    monkeypatch.setattr(huggingface_hub, "HfApi", lambda token=None: api)
+    assert main(["push", "--custom-generate", str(FOLDER), "--repo-id", "someone/eagle2-generate"]) == 0
+    assert [name for name, _ in api.calls] == ["create_repo", "upload_folder", "upload_file"]
+
+
+def test_cli_push_needs_something_to_push():
+    with pytest.raises(SystemExit, match="--custom-generate"):
+        main(["push", "--repo-id", "someone/x"])
