@@ -9,6 +9,7 @@ import sys
 
 
 DEFAULT_HEAD = os.path.join("model_cards", "smollm2-135m-instruct-eagle2")
+DEFAULT_CUSTOM_GENERATE = "custom_generate"
 DEFAULT_BENCH_METHODS = ("plain", "prompt_lookup", "assisted_chain", "eagle1", "eagle2",
                          "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither")  # fmt: skip
 
@@ -142,9 +143,14 @@ def cmd_card(args) -> None:
 
 
 def cmd_push(args) -> None:
-    from .hub import push_head_folder
+    from .hub import push_custom_generate, push_head_folder
 
-    print(push_head_folder(args.head, args.repo_id, private=args.private))
+    if args.head is None and args.custom_generate is None:
+        raise SystemExit("hf-eagle2 push: give --head and/or --custom-generate")
+    if args.head is not None:
+        print(push_head_folder(args.head, args.repo_id, private=args.private))
+    if args.custom_generate is not None:  # next to a head, the head's card stays the repo's card
+        print(push_custom_generate(args.custom_generate, args.repo_id, card=args.head is None, private=args.private))
 
 
 def cmd_demo(args) -> None:
@@ -263,8 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo-id", default=None)
     p.set_defaults(func=cmd_card)
 
-    p = sub.add_parser("push", help="upload a head folder (card, config, weights) to the Hub")
-    p.add_argument("--head", required=True)
+    p = sub.add_parser("push", help="upload a head folder (card, config, weights) and/or the custom_generate recipe")
+    p.add_argument("--head", default=None, help="head folder")
+    p.add_argument("--custom-generate", nargs="?", const=DEFAULT_CUSTOM_GENERATE, default=None, metavar="FOLDER",
+                   help=f"also (or only) upload this recipe folder as the repo's custom_generate/ (default "
+                   f"./{DEFAULT_CUSTOM_GENERATE}); with --head, the same repo id then serves as custom_generate= and "
+                   "assistant_model=")  # fmt: skip
     p.add_argument("--repo-id", required=True)
     p.add_argument("--private", action="store_true")
     p.set_defaults(func=cmd_push)

@@ -8,13 +8,18 @@
   also live in a `GenerationConfig` (custom fields): `GenerationConfig(tree="eagle2", tree_total_tokens=60)`.
 * `generate(..., assistant_model=<EagleDraftModel>)` without `tree` is the *stock* assisted-decoding loop, fed
   by the same head as a chain `CandidateGenerator` (`num_assistant_tokens` or `tree_depth` tokens per round).
-* Anything else goes to the original `generate` untouched.
+* Anything else goes to the original `generate` untouched, including a `custom_generate` repo or folder name:
+  transformers loads that recipe, and the repo's own `custom_generate/generate.py` comes back in here through
+  `hub_generate`.
+
+`hub_generate` is that Hub entry: the same `_generate`, for interpreters whose own code never imported hf_eagle2.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 from typing import Any
 
 from transformers import GenerationMixin, StoppingCriteriaList
@@ -37,6 +42,8 @@ TREE_FIELDS = {
     "eagle_profile": "profile",
 }
 DEFAULT_CHAIN_DEPTH = 6
+# generate kwargs transformers used to fetch a custom_generate repo; they reach the recipe too, not the model
+HUB_KWARGS = ("token", "revision", "cache_dir", "local_files_only", "force_download", "proxies", "repo_type")
 
 
 def register() -> None:
@@ -75,6 +82,24 @@ def unregister() -> None:
             setattr(GenerationMixin, name, original)
 
 
+def hub_generate(model, *args, **kwargs):
+    """The body of the repo's `custom_generate/generate.py`: transformers passes it the user's `generate` arguments,
+    `model` in place of `self`, for `generate(..., custom_generate=<repo or folder>, trust_remote_code=True, ...)`.
+
+    `assistant_model` may be a head folder or Hub id (`EagleDraftModel.from_pretrained`, with the call's `token`,
+    `cache_dir`, `local_files_only`; `revision` pins the code repo, not the head). The rest is `_generate` over the
+    unwrapped `GenerationMixin.generate`, as after `import hf_eagle2`; not `model.generate`, which may be this very
+    recipe (`from_pretrained(..., trust_remote_code=True)` binds a repo's custom_generate to the instance).
+    """
+    hub = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
+    assistant = kwargs.get("assistant_model")
+    if isinstance(assistant, (str, os.PathLike)):
+        load = {key: hub[key] for key in ("token", "cache_dir", "local_files_only") if key in hub}
+        kwargs["assistant_model"] = EagleDraftModel.from_pretrained(assistant, **load)
+    original = getattr(GenerationMixin.generate, "_hf_eagle2_original", GenerationMixin.generate)
+    return _generate(original, model, *args, **kwargs)
+
+
 def _resolve(key: str, kwargs: dict, generation_config, model_config) -> Any:
     if key in kwargs:
         return kwargs.pop(key)
@@ -90,6 +115,8 @@ def _generate(original, self, *args, **kwargs):
     arguments = dict(bound.arguments)
     arguments.pop("self")
     extra = arguments.pop("kwargs", {})
+    if isinstance(arguments.get("custom_generate"), str):  # a Hub/folder recipe: transformers loads and runs it
+        return original(self, **arguments, **extra)
     generation_config = arguments.get("generation_config")
     values = {key: _resolve(key, extra, generation_config, self.generation_config) for key in TREE_FIELDS}
     assistant = arguments.get("assistant_model")
@@ -103,7 +130,7 @@ def _generate(original, self, *args, **kwargs):
             f" (got {type(assistant).__name__})"
         )
     if arguments.get("custom_generate") is not None:
-        raise ValueError("tree= speculation cannot be combined with custom_generate")
+        raise ValueError("tree= speculation cannot be combined with a custom_generate callable")
     max_new = extra.get("max_new_tokens", getattr(generation_config, "max_new_tokens", None))
     if max_new is not None and max_new < 1:
         raise ValueError(f"max_new_tokens must be at least 1 for speculative decoding, got {max_new}")
