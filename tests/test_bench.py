@@ -9,8 +9,8 @@ from hf_eagle2 import cli
 from hf_eagle2.bench import Run, summarize, update_readme
 
 SHIPPED_HEAD = os.path.join(os.path.dirname(__file__), "..", "model_cards", "smollm2-135m-instruct-eagle2")
-SMOKE_METHODS = ["plain", "prompt_lookup", "assisted_chain", "eagle1", "eagle2", "eagle2_no_value", "eagle2_no_rerank",
-                 "eagle2_neither", "eagle2_full_vocab"]  # fmt: skip
+SMOKE_METHODS = ["plain", "plain_stock", "prompt_lookup", "assisted_chain", "eagle1", "eagle2", "eagle2_ngram",
+                 "eagle2_fixed", "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither", "eagle2_full_vocab"]  # fmt: skip
 
 
 def test_bench_smoke_on_smollm2(tmp_path):
@@ -31,7 +31,8 @@ def test_bench_smoke_on_smollm2(tmp_path):
             assert r["runs"] == runs and r["mismatches"] == 0, (ds, m)
             assert r["new_tokens"] > 0 and r["tokens_per_second"] > 0 and r["speedup_median"] > 0
         assert table["plain"]["tau"] == pytest.approx(1.0, abs=0.07)  # one forward per token (+ prefill)
-        assert table["eagle2"]["tau"] > 1.2 and set(table["eagle2"]["round_ms"]) >= {"draft", "verify", "bookkeeping"}
+        assert table["eagle2_fixed"]["tau"] > 1.2 and set(table["eagle2"]["round_ms"]) >= {"draft", "verify", "bookkeeping"}
+        assert table["eagle2"]["speedup_vs_stock_median"] > 0 and table["plain"]["identical_share"] == 1.0
     assert os.path.exists(tmp_path / "results.md") and os.path.getsize(tmp_path / "results.png") > 1000
     text = readme.read_text()
     assert "old table" not in text and "| eagle2 |" in text and "hf-eagle2 bench" in text and text.endswith("## more\n")
@@ -48,6 +49,32 @@ def test_summary_reports_a_mismatch_and_excludes_it_from_timing():
     assert res["all_identical"] is False
     assert r["mismatches"] == 1 and r["failed_prompts"] == ["p2"]
     assert r["speedup_median"] == pytest.approx(2.0) and r["tau"] == pytest.approx(2.5)  # only p1 counts
+
+
+def test_inexact_dtypes_time_every_run_and_report_divergence():
+    """bf16: mismatches are expected (a q-token pass rounds differently), so all runs are timed and the identical
+    share and mean first-divergence position are reported; all_identical still tells the truth."""
+    runs = {
+        "builtin/plain": [Run("plain", "p1", 2.0, 10, 10, True), Run("plain", "p2", 4.0, 10, 10, True)],
+        "builtin/eagle2": [Run("eagle2", "p1", 1.0, 10, 4, True), Run("eagle2", "p2", 1.0, 10, 2, False, diverged_at=6)],
+    }
+    res = summarize(runs, ["builtin"], ["plain", "eagle2"], {"m": 8, "depth": 4, "k": 4}, 16, exact=False)
+    r = res["results"]["builtin"]["eagle2"]
+    assert res["all_identical"] is False and res["meta"]["exact"] is False
+    assert r["identical_share"] == pytest.approx(0.5) and r["first_divergence_mean"] == pytest.approx(6)
+    assert r["speedup_median"] == pytest.approx(3.0) and r["tau"] == pytest.approx(20 / 6)  # both runs count
+
+
+def test_mark_divergence_finds_the_first_differing_token():
+    import torch
+
+    from hf_eagle2.bench import mark_divergence
+
+    run = Run("eagle2", "p", 1.0, 4, 2, True)
+    mark_divergence(run, torch.tensor([[1, 2, 3, 4, 9, 9]]), torch.tensor([[1, 2, 3, 4, 5, 9]]), prompt_len=2)
+    assert run.identical is False and run.diverged_at == 2
+    mark_divergence(run, torch.tensor([[1, 2, 3]]), torch.tensor([[1, 2, 3]]), prompt_len=2)
+    assert run.identical is True and run.diverged_at is None
 
 
 def test_update_readme_needs_its_marker(tmp_path):

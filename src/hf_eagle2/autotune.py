@@ -62,7 +62,8 @@ def _cache_file(kind: str, key: str) -> str:
 
 
 @torch.inference_mode()
-def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int = 7, refresh: bool = False) -> CostModel:
+def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int = 5, refresh: bool = False,
+                 points=VERIFY_POINTS) -> CostModel:  # fmt: skip
     """Times verify(q) for q in VERIFY_POINTS and one head step (median of `repeats` after two warm-ups); cached
     per model, device, dtype and threads. Measure on an otherwise idle machine: the numbers are reused."""
     from transformers.cache_utils import DynamicCache
@@ -76,7 +77,7 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
     tc = target.config
     kernels = sorted((str(k), v) for k, v in min_rows_of(model).items())
     key = _key(type(model).__name__, tc.hidden_size, tc.num_hidden_layers, tc.vocab_size, target.device, target.dtype,
-               torch.get_num_threads(), top_k, draft.draft_vocab_size, prefix_len, kernels)  # fmt: skip
+               torch.get_num_threads(), top_k, draft.draft_vocab_size, prefix_len, kernels, tuple(points))  # fmt: skip
     path = _cache_file("cost", key)
     if os.path.exists(path) and not refresh:
         with open(path) as f:
@@ -89,7 +90,7 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
     target.forward(prefix, torch.arange(prefix_len, device=device).unsqueeze(0), None, cache)
     slot_pos = torch.arange(prefix_len, device=device).unsqueeze(0)
     verify_s = []
-    for q in VERIFY_POINTS:
+    for q in points:
         parents = torch.arange(-1, q - 1, device=device).unsqueeze(0)  # a chain: same cost as any tree of q nodes
         depths = torch.arange(q, device=device).unsqueeze(0)
         tree = DraftTree(torch.randint(0, vocab, (1, q), device=device), parents, depths,
@@ -122,7 +123,7 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
         _sync(device)
         times.append(time.perf_counter() - start)
     step = statistics.median(times[1:])
-    cost = CostModel(list(VERIFY_POINTS), verify_s, step, overhead_s=0.1 * verify_s[0])
+    cost = CostModel(list(points), verify_s, step, overhead_s=0.1 * verify_s[0])
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(asdict(cost), f)

@@ -86,8 +86,9 @@ class PackedLinear(nn.Linear):
         return state
 
 
-def optimize_for_cpu(model: nn.Module, enable: bool = True, min_rows: dict | None = None) -> nn.Module:
-    """Puts the `nn.Linear`s of `model` on the oneDNN prepacked path (enable=False restores stock `nn.Linear`).
+def optimize_for_cpu(model: nn.Module, enable: bool = True, min_rows: dict | None = None, release: bool = True) -> nn.Module:
+    """Puts the `nn.Linear`s of `model` on the oneDNN prepacked path (enable=False restores stock `nn.Linear`;
+    with release=False it keeps the packed copies for a later switch back, as the bench does between runs).
 
     Returns `model` (changed in place). A no-op for linears whose weights are not on the CPU (e.g. CUDA) and when
     this torch build has no oneDNN. min_rows: {dtype: M} uses the packed kernel for inputs of >= M rows; default:
@@ -99,13 +100,16 @@ def optimize_for_cpu(model: nn.Module, enable: bool = True, min_rows: dict | Non
     if not enable:
         for module in linears:
             if type(module) is PackedLinear:
-                module.__dict__.pop("_packed_weight", None)
-                module.__dict__.pop("_min_rows", None)
+                if release:
+                    module.__dict__.pop("_packed_weight", None)
+                    module.__dict__.pop("_min_rows", None)
                 module.__class__ = nn.Linear
         return model
     cpu = [m for m in linears if type(m) in (nn.Linear, PackedLinear) and m.weight.device.type == "cpu"]
     if not cpu or not fast_path_available():
         return model
+    if min_rows is None:  # a previous switch's dispatch, else measured (cached on disk)
+        min_rows = next((m.__dict__["_min_rows"] for m in cpu if "_min_rows" in m.__dict__), None)
     if min_rows is None:
         dtypes = {m.weight.dtype for m in cpu if m.weight.dtype in FAST_DTYPES}
         shapes = sorted({tuple(m.weight.shape) for m in cpu})
@@ -160,7 +164,7 @@ def kernel_crossover(dtype: torch.dtype, shapes: list[tuple[int, int]], refresh:
 def time_kernels(dtype: torch.dtype, shapes: list[tuple[int, int]], repeats: int = 7) -> dict:
     """{'stock'|'packed': {M: ms}}: one pass over `shapes` (N, K), each weight used once per pass, with enough
     distinct copies (>= 64 MB) that they come from memory as in a real forward; the two kernels interleaved."""
-    copies = max(1, int(64e6 // max(1, sum(n * k for n, k in shapes) * torch.finfo(dtype).bits // 8)))
+    copies = min(32, max(1, int(64e6 // max(1, sum(n * k for n, k in shapes) * torch.finfo(dtype).bits // 8))))
     weights = [[torch.randn(n, k, dtype=dtype) * 0.02 for n, k in shapes] for _ in range(copies)]
     packed = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
     out = {"stock": {}, "packed": {}}

@@ -1,0 +1,73 @@
+"""`optimize_for_cpu`: the oneDNN prepacked linears agree with F.linear, switch on and off, survive copies and
+weight updates, leave autograd alone, and keep tree speculation token-identical to plain generate."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_model
+from torch import nn
+
+from hf_eagle2 import EagleDraftModel, optimize_for_cpu
+from hf_eagle2.cpu_kernels import NEVER, PackedLinear, fast_path_available, is_optimized, kernel_crossover, min_rows_of
+
+pytestmark = pytest.mark.skipif(not fast_path_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_packed_linear_matches_f_linear(dtype, rows):
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 96).to(dtype)
+    x = torch.randn(2, rows, 64, dtype=dtype)
+    ref = F.linear(x, lin.weight, lin.bias)
+    optimize_for_cpu(lin, min_rows={dtype: 1})
+    assert type(lin) is PackedLinear and isinstance(lin, nn.Linear)
+    with torch.no_grad():
+        out = lin(x)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, ref.detach(), atol=tol, rtol=tol)
+
+
+def test_switch_copy_weight_update_and_autograd():
+    lin = nn.Linear(32, 16)
+    optimize_for_cpu(lin, min_rows={torch.float32: 1})
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        lin(x)  # builds the packed copy
+        lin.weight.mul_(2.0)  # in-place update: the packed copy must follow
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
+    clone = copy.deepcopy(lin)
+    assert "_packed_weight" not in clone.__dict__ and type(clone) is PackedLinear
+    y = lin(x.requires_grad_())  # grad enabled: F.linear, so backward works and is exact
+    y.sum().backward()
+    assert lin.weight.grad is not None
+    assert set(lin.state_dict()) == {"weight", "bias"}
+    optimize_for_cpu(lin, enable=False)
+    assert type(lin) is nn.Linear and "_packed_weight" not in lin.__dict__
+
+
+def test_crossover_is_measured_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_EAGLE2_CACHE", str(tmp_path))
+    rows = kernel_crossover(torch.float32, [(64, 32)])
+    assert rows in (1, 2, 4, 8, 16, 32, NEVER)
+    assert len(list((tmp_path / "kernels").glob("*.json"))) == 1
+    assert kernel_crossover(torch.float32, [(64, 32)]) == rows  # read back, not re-measured
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_tree_speculation_on_fast_kernels_equals_plain_on_fast_kernels(family):
+    model = tiny_model(family, seed=5)
+    draft = EagleDraftModel.from_target(model, seed=0)
+    optimize_for_cpu(model, min_rows={torch.float32: 1})  # the packed kernel for every pass, whatever the machine
+    assert is_optimized(model) and min_rows_of(model) == {torch.float32: 1}
+    ids = torch.tensor([[5, 9, 3, 7, 11, 4]])
+    ref = model.generate(ids, do_sample=False, max_new_tokens=30)
+    out = model.generate(ids, assistant_model=draft, tree="eagle2", tree_total_tokens=12, tree_depth=4, tree_top_k=4,
+                         do_sample=False, max_new_tokens=30)  # fmt: skip
+    assert torch.equal(out, ref)
+    assert is_optimized(draft) and draft.binding.head_packed is not None  # the head followed the target
+    optimize_for_cpu(model, enable=False)
+    model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=4)
+    assert not is_optimized(draft) and draft.binding.head_packed is None  # and back
