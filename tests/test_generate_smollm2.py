@@ -91,3 +91,33 @@ def test_full_vocab_and_reduced_vocab_are_both_exact(smollm2, references, shippe
         for head in (shipped_head, full):
             assert torch.equal(model.generate(ids, assistant_model=head, tree="eagle2", tree_total_tokens=16,
                                               tree_top_k=4, max_new_tokens=MAX_NEW), ref)  # fmt: skip
+
+
+def test_multi_turn_chat_reusing_the_cache_equals_plain(smollm2):
+    """Three turns, each passing the previous turn's cache and the whole conversation so far, as transformers
+    users do; tree speculation prefills only the new suffix and returns a cache plain generate continues from
+    ("mixed" alternates the two on one cache)."""
+    model, tokenizer = smollm2
+    draft = EagleDraftModel.from_pretrained(SHIPPED_HEAD)
+    turns = ["Name three colours.", "Which of them is warmest?", "Write one sentence about it."]
+    results = {}
+    for mode in ("plain", "eagle2", "mixed"):
+        cache, seq = None, None
+        results[mode] = []
+        for i, text in enumerate(turns):
+            if seq is None:
+                ids = chat_ids(tokenizer, text)
+            else:
+                follow = f"<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+                ids = torch.cat([seq, tokenizer(follow, add_special_tokens=False, return_tensors="pt")["input_ids"]], 1)
+            tree = mode == "eagle2" or (mode == "mixed" and i % 2 == 1)
+            kw = dict(assistant_model=draft, tree="eagle2") if tree else {}
+            out = model.generate(ids, cache=cache, max_new_tokens=24, do_sample=False, return_dict_in_generate=True, **kw)
+            cache, seq = out.cache, out.sequences
+            assert cache.get_seq_length() == seq.shape[1] - 1  # all but the last token, as plain generate leaves it
+            if tree and i:
+                assert out.eagle_stats.new_tokens == seq.shape[1] - ids.shape[1]
+            results[mode].append(seq)
+    for mode in ("eagle2", "mixed"):
+        for turn, (a, b) in enumerate(zip(results[mode], results["plain"])):
+            assert torch.equal(a, b), (mode, turn)

@@ -210,3 +210,30 @@ def test_static_cache_generation(tree):
         ref = plain(model, ids, max_new_tokens=30)
         out = model.generate(ids, assistant_model=draft, tree=tree, max_new_tokens=30, cache_implementation="static")
         assert torch.equal(out, ref)
+
+
+def test_batched_cache_with_holes_is_refused_for_reuse():
+    model = tiny_model("llama", seed=1)
+    draft = trained_tiny_draft(model, "llama")
+    ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 8]])
+    mask = (ids != 0).long()
+    mask[1] = 1
+    out = model.generate(ids, attention_mask=mask, assistant_model=draft, tree="eagle2", tree_total_tokens=8,
+                         max_new_tokens=30, return_dict_in_generate=True, do_sample=False)  # fmt: skip
+    if getattr(out.cache, "_hf_eagle2_holes", False):  # rows accepted different lengths in some round
+        longer = torch.cat([out.sequences, out.sequences[:, -1:]], dim=1)
+        with pytest.raises(ValueError, match="holes"):
+            model.generate(longer, cache=out.cache, max_new_tokens=2)
+        with pytest.raises(ValueError, match="holes"):
+            model.generate(longer, cache=out.cache, assistant_model=draft, tree="eagle2", max_new_tokens=2)
+
+
+def test_static_cache_with_a_batch_is_refused():
+    from transformers import StaticCache
+
+    model = tiny_model("llama", seed=1)
+    draft = EagleDraftModel.from_target(model, seed=0)
+    ids = torch.tensor([[5, 6, 7], [3, 4, 5]])
+    cache = StaticCache(config=model.config, max_cache_len=64)
+    with pytest.raises(NotImplementedError, match="StaticCache supports batch size 1"):
+        model.generate(ids, cache=cache, assistant_model=draft, tree="eagle2", max_new_tokens=4)

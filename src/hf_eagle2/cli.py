@@ -35,6 +35,7 @@ def cmd_extract(args) -> None:
 
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
+    draft = load_draft(args.draft, model)[0] if args.draft else None
     meta = extract_features(
         model,
         tokenizer,
@@ -46,6 +47,7 @@ def cmd_extract(args) -> None:
         max_prompt_tokens=args.max_prompt_tokens,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
+        draft=draft,
     )
     print(json.dumps(meta, indent=2))
 
@@ -222,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-tokens", type=int, default=384)
     p.add_argument("--max-new-tokens", type=int, default=384)
     p.add_argument("--batch-size", type=int, default=48)
+    p.add_argument("--draft", default=None, help="an EAGLE head folder: self-distilled answers by tree speculation")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_extract)
 

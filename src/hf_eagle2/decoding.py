@@ -31,6 +31,13 @@ from .target import TargetModel
 from .verify import accept, process_node_logits, sample_choices
 
 
+HOLES_MESSAGE = (
+    "this cache comes from a batched tree-speculative generate call: rows accepted different numbers of tokens per "
+    "round, so their cache rows hold masked-out holes that a later call cannot see. Reusing it would attend to "
+    "them; reuse caches from batch-size-1 calls only (or re-run the prompt without a cache)"
+)
+
+
 @dataclass
 class EagleGenerateOutput(GenerateDecoderOnlyOutput):
     """`GenerateDecoderOnlyOutput` plus `eagle_stats`."""
@@ -58,6 +65,9 @@ def eagle_generate(
     if cache is None:
         cache = DynamicCache(config=model.config)
     check_cache_supported(cache)
+    if getattr(cache, "_hf_eagle2_holes", False):
+        raise ValueError(HOLES_MESSAGE)
+    cached = cache.get_seq_length()  # > 0: a cache from an earlier turn, reused (multi-turn chat)
     cache.activate_past_recording()
     # a StaticCache has a fixed length: trees must fit in what is left of it
     full_layer = target.type_layer.get("full_attention", 0)
@@ -71,9 +81,22 @@ def eagle_generate(
         )
     if bsz > 1 and streamer is not None:
         raise ValueError("streamers support batch size 1 only")
+    if bsz > 1 and static_capacity is not None:
+        raise NotImplementedError(
+            "tree speculation with a StaticCache supports batch size 1: batched rounds leave holes in the cache "
+            "(rows accept different lengths), which would use up the preallocated room; use the default cache"
+        )
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
+    if cached:
+        if bsz > 1 or not bool(attention_mask.all()):
+            raise NotImplementedError("reusing a cache from an earlier turn is supported for batch size 1 without padding")
+        if cached >= prompt_len:
+            raise ValueError(
+                f"the cache passed in already holds {cached} tokens but input_ids has {prompt_len}: pass the whole "
+                "conversation so far (the previous output plus the new turn) as input_ids"
+            )
     valid_prompt = attention_mask.bool()
     prompt_pos = (attention_mask.long().cumsum(-1) - 1).masked_fill(~valid_prompt, 1)
     pad_id = generation_config._pad_token_tensor
@@ -94,9 +117,10 @@ def eagle_generate(
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
-    # ---- prefill: plain forward over the prompt
+    # ---- prefill: plain forward over the prompt (only its uncached suffix when a cache is reused)
     with timer("prefill_s"):
-        hidden = target.forward(input_ids, prompt_pos, attention_mask if not valid_prompt.all() else None, cache)
+        prefill_mask = attention_mask if not valid_prompt.all() else None
+        hidden = target.forward(input_ids[:, cached:], prompt_pos[:, cached:], prefill_mask, cache)
         raw = target.logits(hidden[:, -1])
         processed = logits_processor(input_ids, raw) if logits_processor else raw
         first = sample_choices(processed.unsqueeze(1))[:, 0] if do_sample else processed.argmax(-1)
@@ -109,8 +133,10 @@ def eagle_generate(
 
         budget = round_budget(model, draft.bind(model), options.resolved(device).top_k)
     options = options.resolved(device)
-    drafter = EagleDrafter(draft, model, options, timer=timer, budget=budget)
-    drafter.add_features(hidden, valid_prompt)
+    # the head's context starts where this call's prefill does: the reused part has no features here, and the
+    # head only proposes, so a shorter head context costs acceptance, never exactness
+    drafter = EagleDrafter(draft, model, options, timer=timer, budget=budget, context_start=cached)
+    drafter.add_features(hidden, valid_prompt[:, cached:])
 
     sequences = torch.full((bsz, max_length), pad_id, dtype=torch.long, device=device)
     sequences[:, :prompt_len] = input_ids
@@ -166,6 +192,8 @@ def eagle_generate(
             keep = acc.path.gather(1, src.clamp(min=0))
             in_block = src >= 0
             prune_tree_cache(cache, keep, num_nodes, holes=width - 1 - kept)
+            if bsz > 1 and bool((kept < width - 1).any()):
+                cache._hf_eagle2_holes = True  # see HOLES_MESSAGE
             if cache.get_seq_length() != slot_pos.shape[1] - 1 + width:
                 raise RuntimeError("tree cache pruning left the cache out of sync with the accepted sequence")
             if not any(unfinished):

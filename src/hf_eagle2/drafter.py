@@ -101,9 +101,13 @@ def _static_spec(paths: tuple[tuple[int, ...], ...], depth_limit: int, max_nodes
 class EagleDrafter:
     """Head KV over the accepted context plus tree drafting, for one generate call (rows share only tensors)."""
 
-    def __init__(self, draft: EagleDraftModel, target_model, options: TreeOptions, timer=None, budget=None):
-        """options: resolved `TreeOptions`; budget: optional `tree.RoundBudget` sizing each eagle2 round."""
+    def __init__(self, draft: EagleDraftModel, target_model, options: TreeOptions, timer=None, budget=None,
+                 context_start: int = 0):  # fmt: skip
+        """options: resolved `TreeOptions`; budget: optional `tree.RoundBudget` sizing each eagle2 round;
+        context_start: the first slot whose feature the head gets (slots before it, e.g. a cache reused from an
+        earlier turn, stay outside the head's context)."""
         self.draft = draft.bind(target_model)
+        self.context_start = context_start
         self.options = options
         self.budget = budget
         self.kv = HeadKV()
@@ -147,6 +151,7 @@ class EagleDrafter:
         valid = torch.cat(valid_parts, dim=1) if len(valid_parts) > 1 else valid_parts[0]
         self.discard_pending()
         start = self.fed
+        input_ids, positions = input_ids[:, self.context_start :], positions[:, self.context_start :]
         if input_ids.shape[1] != start + num_new + 1:
             raise RuntimeError("draft context out of sync with the sequence")
         tokens = input_ids[:, start + 1 : start + num_new + 1]

@@ -115,6 +115,11 @@ def _generate(original, self, *args, **kwargs):
     arguments = dict(bound.arguments)
     arguments.pop("self")
     extra = arguments.pop("kwargs", {})
+    for name in ("cache", "past_key_values"):  # any generate call, plain ones too: never continue from holes
+        if getattr(extra.get(name), "_hf_eagle2_holes", False):
+            from .decoding import HOLES_MESSAGE
+
+            raise ValueError(HOLES_MESSAGE)
     if isinstance(arguments.get("custom_generate"), str):  # a Hub/folder recipe: transformers loads and runs it
         return original(self, **arguments, **extra)
     generation_config = arguments.get("generation_config")

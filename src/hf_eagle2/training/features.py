@@ -4,9 +4,10 @@
 Two sources of assistant text:
 
 * `responses="sharegpt"`: the ShareGPT conversations as written (the EAGLE-1/2 recipe);
-* `responses="target"`: self-distillation. The target answers each conversation's first user turn greedily and
-  the features are captured while it generates (one pass, no second forward). A head trained on the target's
-  own outputs sees at training time exactly the text it has to predict at inference time.
+* `responses="target"`: self-distillation. The target answers each conversation's first user turn greedily
+  (`model.generate`, tree-speculative when a head is given), then one forward over prompt + answer gives the
+  features. A head trained on the target's own outputs sees at training time exactly the text it has to
+  predict at inference time.
 
 Storage: fp16 shards (`shard_00000.safetensors`, one per batch) with `input_ids` (N,), `features` (N, H),
 `loss_mask` (N,) and `offsets` (S + 1,) over the S sequences. Shards are written atomically and named by their
@@ -23,7 +24,6 @@ from typing import Iterator
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
-from transformers.cache_utils import StaticCache
 
 from .data import Conversation, iter_sharegpt, render_with_loss_mask
 
@@ -59,58 +59,29 @@ def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
 
 
 @torch.inference_mode()
-def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int], pad_id: int):
-    """Batched greedy generation that keeps every token's final hidden state.
+def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int], pad_id: int,
+                           draft=None):  # fmt: skip
+    """Batched greedy answers with every token's final hidden state.
 
-    Rows leave the batch (and the cache) as soon as they finish. Returns, per prompt, (ids (T,), features
-    (T, H) float, response_start) with T = prompt + response tokens; the response ends with the first EOS or
-    after max_new_tokens tokens."""
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
-    device = head.weight.device
+    The answers come from `model.generate` (with `draft`, an EAGLE head, through the tree-speculative loop: the
+    same tokens, sooner), so extraction has no decode loop of its own; the features then come from one padded
+    forward over prompt + answer (`forward_features`), a small cost next to generating the answer. Returns, per
+    prompt, (ids (T,), features (T, H) float, response_start) with T = prompt + response tokens; the response
+    ends with the first EOS (kept) or after max_new_tokens tokens."""
+    device = model.get_output_embeddings().weight.device
     ids, attn = _left_pad(prompts, pad_id, device)
-    bsz, width = ids.shape
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    # a preallocated cache: a growing (concatenated) cache would copy itself at every step
-    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
-    hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache).last_hidden_state
-    out_tokens = [[] for _ in range(bsz)]
-    out_feats = [[] for _ in range(bsz)]
+    speculative = {} if draft is None else {"assistant_model": draft, "tree": "eagle2"}
+    out = model.generate(ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=eos_ids, pad_token_id=pad_id, **speculative)  # fmt: skip
+    width = ids.shape[1]
     eos = torch.tensor(eos_ids, device=device)
-    rows = torch.arange(bsz, device=device)  # original index of each active row
-    nxt = head(hidden[:, -1]).argmax(-1)
-    next_pos = pos[:, -1] + 1
-    prompt_feats = [hidden[b, width - len(p) :].float().cpu() for b, p in enumerate(prompts)]
-    for step in range(max_new_tokens):
-        attn = torch.cat([attn, torch.ones(attn.shape[0], 1, dtype=attn.dtype, device=device)], dim=1)
-        hidden = decoder(
-            input_ids=nxt.view(-1, 1), attention_mask=attn, position_ids=next_pos.view(-1, 1), cache=cache
-        ).last_hidden_state[:, 0]
-        for i, b in enumerate(rows.tolist()):
-            out_tokens[b].append(nxt[i : i + 1])
-            out_feats[b].append(hidden[i : i + 1])
-        finished = torch.isin(nxt, eos)
-        if step == max_new_tokens - 1 or bool(finished.all()):
-            break
-        if bool(finished.any()):
-            keep = (~finished).nonzero().squeeze(-1)
-            _select_rows(cache, keep)
-            rows, attn, next_pos, hidden = rows[keep], attn[keep], next_pos[keep], hidden[keep]
-        nxt = head(hidden).argmax(-1)
-        next_pos = next_pos + 1
-    out = []
+    rows = []
     for b, prompt in enumerate(prompts):
-        seq_ids = torch.cat([torch.tensor(prompt, device=device), *out_tokens[b]]).cpu()
-        seq_feats = torch.cat([prompt_feats[b], torch.cat(out_feats[b]).float().cpu()])
-        out.append((seq_ids, seq_feats, len(prompt)))
-    return out
-
-
-def _select_rows(cache: StaticCache, keep: torch.LongTensor) -> None:
-    """Keeps only the batch rows `keep` of a StaticCache (rows that finished generating leave the batch)."""
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False):
-            layer.keys, layer.values = layer.keys[keep], layer.values[keep]
-            layer.batch_size = keep.numel()
+        answer = out[b, width:]
+        ends = torch.isin(answer, eos).nonzero()
+        rows.append(prompt + answer[: int(ends[0]) + 1 if ends.numel() else answer.numel()].tolist())
+    feats = forward_features(model, rows, pad_id)
+    return [(torch.tensor(r), f, len(p)) for r, f, p in zip(rows, feats, prompts)]
 
 
 @torch.inference_mode()
@@ -149,8 +120,11 @@ def extract_features(
     batch_size: int = 32,
     sharegpt_file: str | None = None,
     progress: bool = True,
+    draft=None,
 ) -> dict:
-    """Writes feature shards to `out_dir` until `max_tokens` tokens (or the data) are exhausted. Resumable."""
+    """Writes feature shards to `out_dir` until `max_tokens` tokens (or the data) are exhausted. Resumable.
+
+    draft: an EAGLE head that speeds up self-distilled answers (same tokens: greedy tree speculation is exact)."""
     if responses not in ("target", "sharegpt"):
         raise ValueError("responses must be 'target' or 'sharegpt'")
     os.makedirs(out_dir, exist_ok=True)
@@ -182,7 +156,7 @@ def extract_features(
         if max_tokens is not None and done_tokens >= max_tokens:
             break
         if responses == "target":
-            results = generate_with_features(model, [b[1] for b in batch], max_new_tokens, eos_ids, pad_id)
+            results = generate_with_features(model, [b[1] for b in batch], max_new_tokens, eos_ids, pad_id, draft=draft)
             seqs = []
             for ids, feats, start in results:
                 mask = torch.zeros(ids.numel(), dtype=torch.bool)
