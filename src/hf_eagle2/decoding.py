@@ -96,8 +96,9 @@ def eagle_generate(
 
     # ---- prefill: plain forward over the prompt
     with timer("prefill_s"):
-        hidden = target.forward(input_ids, prompt_pos, attention_mask if not valid_prompt.all() else None, cache)
-        raw = target.logits(hidden[:, -1])
+        prompt_mask = attention_mask if not valid_prompt.all() else None
+        hidden, raw = target.forward(input_ids, prompt_pos, prompt_mask, cache, logits_to_keep=1)
+        raw = raw[:, -1]
         processed = logits_processor(input_ids, raw) if logits_processor else raw
         first = sample_choices(processed.unsqueeze(1))[:, 0] if do_sample else processed.argmax(-1)
     if want_scores:
@@ -130,8 +131,7 @@ def eagle_generate(
             positions = root_pos.view(bsz, 1) + tree.depths
             mask = target.tree_attention_mask(cache, tree, positions, slot_pos[:, :-1])
         with timer("verify_s"):
-            hidden = target.forward(tree.tokens, positions, mask, cache)
-            raw = target.logits(hidden)
+            hidden, raw = target.forward(tree.tokens, positions, mask, cache)
         with timer("bookkeeping_s"):
             rows = [sequences[b, : seq_len[b]] for b in range(bsz)]
             processed = process_node_logits(raw, tree, rows, logits_processor)

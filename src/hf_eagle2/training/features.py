@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers.cache_utils import StaticCache
 
+from ..target import causal_lm_forward
 from .data import Conversation, iter_sharegpt, render_with_loss_mask
 
 
@@ -65,26 +66,25 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
     Rows leave the batch (and the cache) as soon as they finish. Returns, per prompt, (ids (T,), features
     (T, H) float, response_start) with T = prompt + response tokens; the response ends with the first EOS or
     after max_new_tokens tokens."""
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
-    device = head.weight.device
+    device = model.get_output_embeddings().weight.device
     ids, attn = _left_pad(prompts, pad_id, device)
     bsz, width = ids.shape
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     # a preallocated cache: a growing (concatenated) cache would copy itself at every step
     cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
-    hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache).last_hidden_state
+    # the model's own forward (as in verification): its logits pick the tokens, so the answers are its greedy ones
+    hidden, logits = causal_lm_forward(model, ids, pos, attn, cache, logits_to_keep=1)
     out_tokens = [[] for _ in range(bsz)]
     out_feats = [[] for _ in range(bsz)]
     eos = torch.tensor(eos_ids, device=device)
     rows = torch.arange(bsz, device=device)  # original index of each active row
-    nxt = head(hidden[:, -1]).argmax(-1)
+    nxt = logits[:, -1].argmax(-1)
     next_pos = pos[:, -1] + 1
     prompt_feats = [hidden[b, width - len(p) :].float().cpu() for b, p in enumerate(prompts)]
     for step in range(max_new_tokens):
         attn = torch.cat([attn, torch.ones(attn.shape[0], 1, dtype=attn.dtype, device=device)], dim=1)
-        hidden = decoder(
-            input_ids=nxt.view(-1, 1), attention_mask=attn, position_ids=next_pos.view(-1, 1), cache=cache
-        ).last_hidden_state[:, 0]
+        hidden, logits = causal_lm_forward(model, nxt.view(-1, 1), next_pos.view(-1, 1), attn, cache, logits_to_keep=1)
+        hidden = hidden[:, 0]
         for i, b in enumerate(rows.tolist()):
             out_tokens[b].append(nxt[i : i + 1])
             out_feats[b].append(hidden[i : i + 1])
@@ -94,8 +94,8 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
         if bool(finished.any()):
             keep = (~finished).nonzero().squeeze(-1)
             _select_rows(cache, keep)
-            rows, attn, next_pos, hidden = rows[keep], attn[keep], next_pos[keep], hidden[keep]
-        nxt = head(hidden).argmax(-1)
+            rows, attn, next_pos, logits = rows[keep], attn[keep], next_pos[keep], logits[keep]
+        nxt = logits[:, -1].argmax(-1)
         next_pos = next_pos + 1
     out = []
     for b, prompt in enumerate(prompts):
@@ -115,12 +115,11 @@ def _select_rows(cache: StaticCache, keep: torch.LongTensor) -> None:
 
 @torch.inference_mode()
 def forward_features(model, rows: list[list[int]], pad_id: int) -> list[torch.Tensor]:
-    """Final hidden states (T_i, H) of each row under one padded forward."""
-    decoder = model.get_decoder()
+    """Final hidden states (T_i, H) of each row under one padded forward (the features verification passes on)."""
     device = model.get_output_embeddings().weight.device
     ids, attn = _left_pad(rows, pad_id, device)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    hidden = causal_lm_forward(model, ids, pos, attn, None, logits_to_keep=1)[0]
     width = ids.shape[1]
     return [hidden[i, width - len(r) :].float().cpu() for i, r in enumerate(rows)]
 
