@@ -103,6 +103,8 @@ def _generate(original, self, *args, **kwargs):
         )
     if arguments.get("custom_generate") is not None:
         raise ValueError("tree= speculation cannot be combined with custom_generate")
+    if extra.get("cache_implementation") == "paged":  # transformers switches to continuous batching before us
+        raise ValueError('tree= speculation cannot run with cache_implementation="paged" (continuous batching)')
     max_new = extra.get("max_new_tokens", getattr(generation_config, "max_new_tokens", None))
     if max_new is not None and max_new < 1:
         raise ValueError(f"max_new_tokens must be at least 1 for speculative decoding, got {max_new}")
@@ -121,9 +123,15 @@ def _generate(original, self, *args, **kwargs):
         arguments["stopping_criteria"] = criteria
         extra["stop_strings"] = None
 
+    # transformers does not hand synced_gpus to a custom_generate callable: pass it on, resolved as generate does,
+    # so that the tree loop can refuse it
+    synced_gpus = arguments.pop("synced_gpus", None)
+    if synced_gpus is None:
+        synced_gpus = _distributed_sync_needed(self)
     arguments["custom_generate"] = functools.partial(
-        _eagle_custom_generate, draft=assistant, options=options, streamer=arguments.pop("streamer", None)
-    )
+        _eagle_custom_generate, draft=assistant, options=options, streamer=arguments.pop("streamer", None),
+        synced_gpus=bool(synced_gpus),
+    )  # fmt: skip
     arguments["assistant_model"] = None
     return original(self, **arguments, **extra)
 
@@ -143,10 +151,22 @@ def _auto_budget(model, draft, values: dict, input_ids) -> dict:
     return {"tree_total_tokens": choice["m"], "tree_depth": choice["depth"]}
 
 
-def _eagle_custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, *, draft, options, streamer, **model_kwargs):  # noqa: E501
+def _distributed_sync_needed(model) -> bool:
+    """What `generate` assumes for synced_gpus=None: DeepSpeed ZeRO-3 or FSDP over more than one rank."""
+    import torch.distributed as dist
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    from transformers.distributed.fsdp import is_fsdp_managed_module
+
+    return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
+
+
+def _eagle_custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, *, draft, options, streamer, synced_gpus, **model_kwargs):  # noqa: E501
     from .decoding import eagle_generate
 
     return eagle_generate(
-        model, input_ids, logits_processor, stopping_criteria, generation_config,
+        model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
         draft=draft, options=options, streamer=streamer, **model_kwargs,
     )  # fmt: skip
