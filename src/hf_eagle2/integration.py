@@ -92,6 +92,8 @@ def _generate(original, self, *args, **kwargs):
     generation_config = arguments.get("generation_config")
     values = {key: _resolve(key, extra, generation_config, self.generation_config) for key in TREE_FIELDS}
     assistant = arguments.get("assistant_model")
+    if isinstance(assistant, EagleDraftModel):
+        assistant.bind(self)  # a head made for another model is refused here, before any target forward
     if values["tree"] is None:
         if isinstance(assistant, EagleDraftModel) and values["tree_depth"] is not None:
             extra.setdefault("num_assistant_tokens", values["tree_depth"])
