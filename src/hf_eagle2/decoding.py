@@ -256,6 +256,19 @@ class _CalibrationLog:
         }
 
 
+# options that pick another drafter; the EAGLE head is the drafter (also refused in the stock assisted loop)
+OTHER_DRAFTERS = (
+    ("prompt_lookup_num_tokens", lambda g: g.prompt_lookup_num_tokens is not None,
+     "prompt lookup is another drafter; the EAGLE head is the drafter"),
+    ("assistant_early_exit", lambda g: getattr(g, "assistant_early_exit", None) is not None,
+     "early-exit self-speculation is another drafter; the EAGLE head is the drafter"),
+    ("use_mtp", lambda g: bool(getattr(g, "use_mtp", None)),
+     "multi-token-prediction drafting is another drafter; the EAGLE head is the drafter"),
+    ("speculation_type", lambda g: getattr(g, "speculation_type", None) is not None,
+     "another speculation method; the EAGLE head is the drafter"),
+    ("assistant_ensemble_weight", lambda g: getattr(g, "assistant_ensemble_weight", None) is not None,
+     "it mixes the draft's distribution into the output, and EAGLE verification keeps the target's alone"),
+)  # fmt: skip
 # generate() options the tree loop cannot honour, refused by name before any forward: (option, is it set?, why)
 REFUSED_OPTIONS = (
     ("penalty_alpha (contrastive search)",
@@ -266,16 +279,7 @@ REFUSED_OPTIONS = (
      "DoLa contrasts the final logits with early layers' logits, which the tree pass does not compute"),
     ("constraints", lambda g: g.constraints is not None, "constrained beam search is a beam search"),
     ("force_words_ids", lambda g: g.force_words_ids is not None, "constrained beam search is a beam search"),
-    ("prompt_lookup_num_tokens", lambda g: g.prompt_lookup_num_tokens is not None,
-     "prompt lookup is another drafter; with tree= the EAGLE head drafts"),
-    ("assistant_early_exit", lambda g: getattr(g, "assistant_early_exit", None) is not None,
-     "early-exit self-speculation is another drafter; with tree= the EAGLE head drafts"),
-    ("use_mtp", lambda g: bool(getattr(g, "use_mtp", None)),
-     "multi-token-prediction drafting is another drafter; with tree= the EAGLE head drafts"),
-    ("speculation_type", lambda g: getattr(g, "speculation_type", None) is not None,
-     "another speculation method; with tree= the EAGLE head drafts"),
-    ("assistant_ensemble_weight", lambda g: getattr(g, "assistant_ensemble_weight", None) is not None,
-     "it mixes the draft's distribution into the target's, and tree verification keeps the target's alone"),
+    *OTHER_DRAFTERS,
     ("guidance_scale", lambda g: g.guidance_scale is not None and g.guidance_scale != 1,
      "classifier-free guidance runs its own unconditional forward, one token per call, with its own cache"),
     ("prefill_chunk_size", lambda g: getattr(g, "prefill_chunk_size", None) is not None,

@@ -7,12 +7,14 @@
   still prepares the generation config, logits processors, stopping criteria and cache. The `tree*` values may
   also live in a `GenerationConfig` (custom fields): `GenerationConfig(tree="eagle2", tree_total_tokens=60)`.
 * `generate(..., assistant_model=<EagleDraftModel>)` without `tree` is the *stock* assisted-decoding loop, fed
-  by the same head as a chain `CandidateGenerator` (`num_assistant_tokens` or `tree_depth` tokens per round).
+  by the same head as a chain `CandidateGenerator` (`num_assistant_tokens` or `tree_depth` tokens per round, 6 if
+  neither is set: transformers' default of 20 is meant for assistant models).
 * Anything else goes to the original `generate` untouched.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from typing import Any
@@ -21,6 +23,7 @@ from transformers import GenerationMixin, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from .candidate_generator import EagleCandidateGenerator, TreeOptions
+from .decoding import OTHER_DRAFTERS, eagle_generate
 from .modeling_eagle import EagleDraftModel
 
 # generate kwarg / GenerationConfig field -> TreeOptions field
@@ -55,6 +58,9 @@ def register() -> None:
         @functools.wraps(original_getter)
         def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs, assistant_model=None, **kwargs):  # noqa: E501
             if isinstance(assistant_model, EagleDraftModel):
+                for option, is_set, why in OTHER_DRAFTERS:
+                    if is_set(generation_config):
+                        raise ValueError(f"an EAGLE head as assistant_model cannot be combined with {option}: {why}")
                 depth = getattr(generation_config, "num_assistant_tokens", None) or DEFAULT_CHAIN_DEPTH
                 options = TreeOptions(tree="chain", depth=int(depth))
                 return EagleCandidateGenerator(assistant_model, self, options, max_length=generation_config.max_length)
@@ -95,8 +101,8 @@ def _generate(original, self, *args, **kwargs):
     if isinstance(assistant, EagleDraftModel):
         assistant.bind(self)  # a head made for another model is refused here, before any target forward
     if values["tree"] is None:
-        if isinstance(assistant, EagleDraftModel) and values["tree_depth"] is not None:
-            extra.setdefault("num_assistant_tokens", values["tree_depth"])
+        if isinstance(assistant, EagleDraftModel):
+            _set_chain_depth(self, arguments, extra, values["tree_depth"])
         return original(self, **arguments, **extra)
     if not isinstance(assistant, EagleDraftModel):
         raise ValueError(
@@ -138,6 +144,47 @@ def _generate(original, self, *args, **kwargs):
     return original(self, **arguments, **extra)
 
 
+def _set_chain_depth(model, arguments: dict, extra: dict, tree_depth) -> None:
+    """The stock assisted loop with an EAGLE head: the chain depth is `tree_depth` or `num_assistant_tokens` if the
+    caller set one, else DEFAULT_CHAIN_DEPTH (transformers' own default, 20, is meant for assistant models).
+
+    Only what the caller set counts: generate merges transformers' defaults into the config it hands on, so the
+    choice is made here, on the kwargs, the generation_config passed and the model's own generation_config. The
+    stock options that adapt an assistant model's drafting are refused: the head drafts a fixed-depth chain, and
+    tree="eagle2" is the adaptive alternative (its dynamic tree spends the draft budget by confidence).
+    """
+    passed = arguments.get("generation_config")
+
+    def user_value(key):
+        if extra.get(key) is not None:
+            return extra[key]
+        values = (getattr(config, key, None) for config in (passed, model.generation_config) if config is not None)
+        return next((v for v in values if v is not None), None)
+
+    schedule = user_value("num_assistant_tokens_schedule")
+    if schedule not in (None, "constant"):
+        raise ValueError(
+            f"num_assistant_tokens_schedule={schedule!r} adapts an assistant model's draft length between rounds; an "
+            f"EAGLE head drafts a fixed chain of num_assistant_tokens (or tree_depth) tokens. Use 'constant', or "
+            f'tree="eagle2" for drafts that adapt to the head\'s confidence.'
+        )
+    if user_value("assistant_confidence_threshold") is not None:
+        raise ValueError(
+            "assistant_confidence_threshold stops an assistant model's drafting early; an EAGLE head's chain is not "
+            'cut by confidence. Leave it unset, or use tree="eagle2", whose tree is built by confidence.'
+        )
+    tokens = user_value("num_assistant_tokens")
+    if tokens is not None and tree_depth is not None and int(tokens) != int(tree_depth):
+        raise ValueError(f"num_assistant_tokens={tokens} and tree_depth={tree_depth} disagree: give one")
+    depth = int(tree_depth if tree_depth is not None else tokens if tokens is not None else DEFAULT_CHAIN_DEPTH)
+    if passed is not None:  # set on a copy: kwargs next to a generation_config are deprecated in transformers
+        arguments["generation_config"] = passed = copy.deepcopy(passed)
+        passed.num_assistant_tokens = depth
+        extra.pop("num_assistant_tokens", None)
+    else:
+        extra["num_assistant_tokens"] = depth
+
+
 def _auto_budget(model, draft, values: dict, input_ids) -> dict:
     """Resolves tree_total_tokens / tree_depth = "auto" (see autotune.py); measured once, then cached."""
     from .autotune import auto_budget
@@ -166,8 +213,6 @@ def _distributed_sync_needed(model) -> bool:
 
 
 def _eagle_custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, *, draft, options, streamer, synced_gpus, **model_kwargs):  # noqa: E501
-    from .decoding import eagle_generate
-
     return eagle_generate(
         model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
         draft=draft, options=options, streamer=streamer, **model_kwargs,
