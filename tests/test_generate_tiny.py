@@ -138,7 +138,9 @@ def test_stock_assisted_loop_with_eagle_chain():
 def verify_lengths(model, draft, ids, **kwargs):
     """Tokens per target forward after the prefill, in the stock assisted loop: drafted chain length + 1."""
     lengths = []
-    handle = model.register_forward_pre_hook(lambda m, args, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    handle = model.register_forward_pre_hook(
+        lambda module, args, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
     try:
         out = model.generate(ids, assistant_model=draft, max_new_tokens=40, **kwargs)
     finally:

@@ -265,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("push", help="upload a head folder (card, config, weights) to the Hub")
     p.add_argument("--head", required=True)
-    p.add_argument("--repo-id", required=True, help="user/name (a bare name goes to your namespace); the card is rewritten to load it")
+    p.add_argument("--repo-id", required=True,
+                   help="user/name (a bare name goes to your namespace); the card is rewritten to load it")  # fmt: skip
     p.add_argument("--private", action="store_true")
     p.set_defaults(func=cmd_push)
 

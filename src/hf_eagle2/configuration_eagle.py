@@ -56,8 +56,8 @@ class EagleConfig(LlamaConfig):
         missing = [name for name in REQUIRED_FIELDS if raw.get(name) is None]
         if missing:
             raise ValueError(
-                f"the head's config has no {', '.join(missing)}: a draft head config must give {', '.join(REQUIRED_FIELDS)} "
-                "(LlamaConfig's defaults would describe another model)"
+                f"the head's config has no {', '.join(missing)}: a draft head config must give "
+                f"{', '.join(REQUIRED_FIELDS)} (LlamaConfig's defaults would describe another model)"
             )
         raw = dict(raw)
         raw.pop("model_type", None)

@@ -335,7 +335,9 @@ def _check_supported(model, input_ids, generation_config, model_kwargs, logits_p
         )
     position_ids = model_kwargs.get("position_ids")
     if position_ids is not None and not torch.equal(position_ids, _default_position_ids(input_ids, model_kwargs)):
-        raise ValueError("tree speculation computes position ids from the attention mask; custom position_ids are not supported")
+        raise ValueError(
+            "tree speculation computes position ids from the attention mask; custom position_ids are not supported"
+        )
     config = model.config.get_text_config()
     rope = [t for t in _rope_types(config) if any(d in t for d in POSITION_DEPENDENT_ROPE)]
     if rope:

@@ -348,8 +348,10 @@ class EagleDraftModel(PreTrainedModel):
         hub = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only,
                    force_download=force_download, proxies=proxies, subfolder=subfolder)  # fmt: skip
         path = str(pretrained_model_name_or_path)
-        if isinstance(config, PreTrainedConfig):
-            config = copy.deepcopy(config) if isinstance(config, EagleConfig) else EagleConfig.from_official_dict(config.to_dict())
+        if isinstance(config, EagleConfig):
+            config = copy.deepcopy(config)
+        elif isinstance(config, PreTrainedConfig):  # an official head's Llama-style config
+            config = EagleConfig.from_official_dict(config.to_dict())
         else:
             config_file = cached_file(str(config) if config is not None else path, "config.json", **hub)
             with open(config_file, encoding="utf-8") as f:

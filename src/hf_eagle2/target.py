@@ -103,7 +103,9 @@ class TargetModel:
         seen = []
         handle = self.lm_head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
         try:
-            features, logits = causal_lm_forward(self.model, input_ids, position_ids, attention_mask, cache, logits_to_keep)
+            features, logits = causal_lm_forward(
+                self.model, input_ids, position_ids, attention_mask, cache, logits_to_keep
+            )
         finally:
             handle.remove()
         self._features_checked = True

@@ -98,7 +98,9 @@ def _for_batch_row(logits_processor: LogitsProcessorList, row: int) -> LogitsPro
         if isinstance(p, PrefixConstrainedLogitsProcessor):
             fn, copies = getattr(p, "_prefix_allowed_tokens_fn", None), getattr(p, "_num_beams", None)
             if fn is None or copies is None:
-                raise NotImplementedError("this transformers version's prefix_allowed_tokens_fn cannot be run per tree node")
+                raise NotImplementedError(
+                    "this transformers version's prefix_allowed_tokens_fn cannot be run per tree node"
+                )
             p = PrefixConstrainedLogitsProcessor(functools.partial(_allowed_for_row, fn, row // copies), num_beams=1)
         out.append(p)
     return out
