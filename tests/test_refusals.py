@@ -115,7 +115,7 @@ def test_empty_allowed_list_on_a_drafted_prefix_is_reported(llama):
     ref = model.generate(ids, do_sample=False, max_new_tokens=6, prefix_allowed_tokens_fn=ref_fn)
     assert ref[0, 3:].tolist() == [4] * 6
     strict = lambda batch_id, ids: [4] if int(ids[-1]) == 4 else []  # noqa: E731
-    with pytest.raises(ValueError, match="drafted prefix"):
+    with pytest.raises(ValueError, match="every drafted prefix"):
         model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=6, prefix_allowed_tokens_fn=strict)
 
 

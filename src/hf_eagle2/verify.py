@@ -110,9 +110,9 @@ def _allowed_for_row(fn, batch_id: int, _node: int, ids: torch.LongTensor) -> li
     allowed = fn(batch_id, ids)
     if len(allowed) == 0:
         raise ValueError(
-            f"prefix_allowed_tokens_fn returned no allowed token for batch ID {batch_id} on a drafted prefix. Tree "
-            "verification calls it for every drafted node, including prefixes plain decoding would never reach, so "
-            "it must allow at least one token for any prefix."
+            f"prefix_allowed_tokens_fn returned no allowed token for batch ID {batch_id}. Tree verification calls it "
+            "on every drafted prefix too, including prefixes plain decoding would never reach, so it must allow at "
+            "least one token for any prefix."
         )
     return allowed
 
