@@ -49,9 +49,13 @@ def chat_ids(tokenizer, text):
 TINY_VOCAB = 32
 
 
-def tiny_model(family: str, seed: int = 0, vocab: int = TINY_VOCAB, **overrides):
-    """A tiny random causal LM (fp32, sdpa) of the given family; small vocab so random drafts often agree."""
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
+def tiny_model(family: str, seed: int = 0, vocab: int = TINY_VOCAB, dtype=torch.float32, **overrides):
+    """A tiny random causal LM (sdpa; eager for Gemma2, whose attention soft-capping sdpa cannot do) of the given
+    family; small vocab so random drafts often agree. Cohere, Granite and Gemma2 post-process their logits (scale,
+    divide, soft-cap), with values chosen so that it matters."""
+    from transformers import (
+        AutoModelForCausalLM, CohereConfig, Gemma2Config, Gemma3TextConfig, GraniteConfig, LlamaConfig, Qwen2Config,
+    )  # fmt: skip
 
     common = dict(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -66,12 +70,22 @@ def tiny_model(family: str, seed: int = 0, vocab: int = TINY_VOCAB, **overrides)
             **{**common, "num_hidden_layers": 3}, head_dim=16, sliding_window=8,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         )  # fmt: skip
+    elif family == "cohere":
+        config = CohereConfig(**common, logit_scale=0.25)
+    elif family == "granite":
+        config = GraniteConfig(**common, logits_scaling=4.0, tie_word_embeddings=False)
+    elif family == "gemma2":
+        config = Gemma2Config(
+            **{**common, "num_hidden_layers": 3}, head_dim=16, sliding_window=8, final_logit_softcapping=2.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        )  # fmt: skip
     else:
         raise ValueError(family)
     for k, v in overrides.items():
         setattr(config, k, v)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    attn = "eager" if family == "gemma2" else "sdpa"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32).to(dtype)
     # sharpen the output distribution: greedy text becomes more predictable, so drafts get accepted
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(4.0)

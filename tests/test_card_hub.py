@@ -34,12 +34,37 @@ def test_card_front_matter_is_valid_yaml():
     text = render_card(RESULTS)
     meta = parse_front_matter(text)
     assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert meta["license"] == "apache-2.0" and meta["pipeline_tag"] == "text-generation"
+    assert meta["license"] == "apache-2.0" and meta["datasets"]
     assert {"eagle", "eagle-2", "speculative-decoding"} <= set(meta["tags"])
-    assert meta["library_name"] and meta["datasets"]
+    # a head cannot generate alone (no task), and no Hub library loads it (hf_eagle2 is none, transformers cannot)
+    assert "pipeline_tag" not in meta and "library_name" not in meta
     yaml.safe_load(yaml.safe_dump(meta))
     for needle in ("3.10", "3.40", "1.80x", "ECE", "tree=\"eagle2\"", "hf-eagle2 eval-head", "Limitations"):
         assert needle in text, needle
+
+
+def snippet(text):
+    return next(line for line in text.splitlines() if "EagleDraftModel.from_pretrained(" in line)
+
+
+def test_usage_snippet_loads_a_namespaced_repo_id():
+    assert 'from_pretrained("someone/smollm2-135m-instruct-eagle2")' in snippet(render_card(RESULTS))
+    local = {k: v for k, v in RESULTS.items() if k != "hub_name"}
+    assert 'from_pretrained("path/to/smollm2-135m-instruct-eagle2")' in snippet(render_card(local))
+    assert 'from_pretrained("me/my-head")' in snippet(render_card(local, repo_id="me/my-head"))
+    with pytest.raises(ValueError, match="namespaced"):
+        render_card(local, repo_id="my-head")
+
+
+def test_shipped_card_is_what_the_generator_writes():
+    """The shipped card's front matter and text are regenerated from its results.json (numbers untouched)."""
+    import os
+
+    folder = os.path.join(os.path.dirname(__file__), "..", "model_cards", "smollm2-135m-instruct-eagle2")
+    with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    with open(os.path.join(folder, "README.md"), encoding="utf-8") as f:
+        assert f.read() == render_card(results)
 
 
 def test_card_needs_front_matter():
@@ -53,6 +78,8 @@ class FakeApi:
 
     def create_repo(self, **kw):
         self.calls.append(("create_repo", kw))
+        full_id = kw["repo_id"] if "/" in kw["repo_id"] else "someone/" + kw["repo_id"]  # the caller's namespace
+        return type("RepoUrl", (str,), {"repo_id": full_id})(f"https://huggingface.co/{full_id}")
 
     def upload_folder(self, **kw):
         self.calls.append(("upload_folder", kw))
@@ -72,6 +99,9 @@ def test_push_uploads_card_config_and_weights(tmp_path):
     upload = api.calls[1][1]
     assert set(upload["allow_patterns"]) == {"README.md", "config.json", "model.safetensors", "results.json"}
     assert upload["repo_id"] == "someone/head"
+    assert 'from_pretrained("someone/head")' in snippet((tmp_path / "README.md").read_text())
+    push_head_folder(str(tmp_path), "other-head", api=api)  # a bare name lands in the caller's namespace
+    assert 'from_pretrained("someone/other-head")' in snippet((tmp_path / "README.md").read_text())
 
 
 def test_push_refuses_a_folder_without_a_head(tmp_path):

@@ -138,6 +138,50 @@ def test_stock_assisted_loop_with_eagle_chain():
         assert torch.equal(model.generate(ids, assistant_model=draft, tree_depth=3, max_new_tokens=25), ref)
 
 
+def verify_lengths(model, draft, ids, **kwargs):
+    """Tokens per target forward after the prefill, in the stock assisted loop: drafted chain length + 1."""
+    lengths = []
+    handle = model.register_forward_pre_hook(
+        lambda module, args, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        out = model.generate(ids, assistant_model=draft, max_new_tokens=40, **kwargs)
+    finally:
+        handle.remove()
+    return out, lengths[1:]
+
+
+def test_stock_assisted_loop_chain_depth():
+    """The documented chain depth (6) unless the caller sets num_assistant_tokens / tree_depth; transformers'
+    default of 20 assistant tokens is not taken for a user choice."""
+    from transformers import GenerationConfig
+
+    model = tiny_model("llama", seed=13)
+    draft = EagleDraftModel.from_target(model, seed=14)
+    ids = prompts(1, seed=6)[0][:, :5]
+    ref = plain(model, ids, max_new_tokens=40)
+    for kwargs, depth in ((dict(), 6), (dict(num_assistant_tokens=3), 3), (dict(tree_depth=2), 2),
+                          (dict(generation_config=GenerationConfig(num_assistant_tokens=4)), 4)):  # fmt: skip
+        out, lengths = verify_lengths(model, draft, ids, **kwargs)
+        assert torch.equal(out, ref)
+        assert max(lengths) == depth + 1, (kwargs, lengths)
+
+
+def test_stock_assisted_loop_refuses_what_it_cannot_honour():
+    model = tiny_model("llama", seed=13)
+    draft = EagleDraftModel.from_target(model, seed=14)
+    ids = prompts(1, seed=6)[0]
+    for kwargs, name in ((dict(num_assistant_tokens_schedule="heuristic"), "num_assistant_tokens_schedule"),
+                         (dict(num_assistant_tokens_schedule="heuristic_transient"), "num_assistant_tokens_schedule"),
+                         (dict(assistant_confidence_threshold=0.3), "assistant_confidence_threshold"),
+                         (dict(prompt_lookup_num_tokens=3), "prompt_lookup_num_tokens"),
+                         (dict(num_assistant_tokens=3, tree_depth=4), "disagree")):  # fmt: skip
+        with pytest.raises(ValueError, match=name):
+            verify_lengths(model, draft, ids, **kwargs)
+    out, _ = verify_lengths(model, draft, ids, num_assistant_tokens_schedule="constant")
+    assert torch.equal(out, plain(model, ids, max_new_tokens=40))
+
+
 def test_generation_config_fields():
     from transformers import GenerationConfig
 

@@ -120,3 +120,99 @@ def test_mismatched_target_is_rejected():
 def test_missing_folder_raises():
     with pytest.raises(OSError):
         EagleDraftModel.from_pretrained("/nonexistent/eagle-head", local_files_only=True)
+
+
+class ForwardCounter:
+    def __init__(self, model):
+        self.calls = 0
+        self.handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.calls += 1
+
+
+@pytest.mark.parametrize("tree", ["eagle2", None], ids=["tree", "stock"])
+def test_head_for_another_model_is_refused_before_the_prefill(tree):
+    head = EagleDraftModel.from_target(tiny_model("llama"))
+    kw = {} if tree is None else {"tree": tree}
+    for target, message in ((tiny_model("llama", hidden_size=32, intermediate_size=64), "hidden size"),
+                            (tiny_model("llama", vocab=40), "vocabulary size")):  # fmt: skip
+        counter = ForwardCounter(target)
+        with pytest.raises(ValueError, match=message):
+            target.generate(torch.tensor([[5, 6, 7]]), assistant_model=head, max_new_tokens=4, **kw)
+        assert counter.calls == 0
+
+
+def test_a_head_trained_for_another_model_is_reported(caplog):
+    target = tiny_model("llama")
+    target.name_or_path = target.config._name_or_path = "org/model-a"
+    head = EagleDraftModel.from_target(target, seed=0)
+    assert head.config.target_model == "org/model-a"
+    ids = torch.tensor([[5, 6, 7]])
+    with caplog.at_level("WARNING"):
+        target.generate(ids, assistant_model=head, tree="eagle2", max_new_tokens=3)
+    assert "trained for" not in caplog.text  # the same model: nothing to say
+    head.config.target_model = "org/model-b"
+    head._binding = None
+    with caplog.at_level("WARNING"):
+        target.generate(ids, assistant_model=head, tree="eagle2", max_new_tokens=3)
+    assert "trained for org/model-b, but the target is org/model-a" in caplog.text
+    caplog.clear()
+    target.name_or_path = target.config._name_or_path = "/some/local/folder"  # names no model: no comparison
+    head._binding = None
+    with caplog.at_level("WARNING"):
+        target.generate(ids, assistant_model=head, tree="eagle2", max_new_tokens=3)
+    assert "trained for" not in caplog.text
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "vocab_size", "num_attention_heads"])
+def test_config_without_a_size_field_is_rejected_by_name(tmp_path, field):
+    head = EagleDraftModel.from_target(tiny_model("llama"), seed=0)
+    config = official_config(head)
+    del config[field]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(dict(head.state_dict()), str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=field):
+        EagleDraftModel.from_pretrained(str(tmp_path))
+
+
+def test_from_pretrained_config_argument_replaces_config_json(tmp_path):
+    target = tiny_model("llama")
+    head = EagleDraftModel.from_target(target, seed=6)
+    head.save_pretrained(tmp_path)
+    override = EagleConfig.from_official_dict({**official_config(head), "rms_norm_eps": 0.5})
+    loaded = EagleDraftModel.from_pretrained(str(tmp_path), config=override)
+    assert loaded.config.rms_norm_eps == 0.5 and override.rms_norm_eps == 0.5
+    assert loaded.config is not override  # the caller's config is not shared with the model
+    os.remove(tmp_path / "config.json")  # weights alone, with the config given
+    loaded = EagleDraftModel.from_pretrained(str(tmp_path), config=head.config)
+    torch.testing.assert_close(head_outputs(loaded, target), head_outputs(head, target), atol=0, rtol=0)
+
+
+def test_from_pretrained_subfolder_holds_config_and_weights(tmp_path):
+    target = tiny_model("llama")
+    root_head = EagleDraftModel.from_target(target, seed=7, bias=False)
+    sub_head = EagleDraftModel.from_target(target, seed=8)
+    root_head.save_pretrained(tmp_path)
+    sub_head.save_pretrained(tmp_path / "eagle")
+    loaded = EagleDraftModel.from_pretrained(str(tmp_path), subfolder="eagle")
+    assert loaded.config.bias is True  # the subfolder's config, not the root's
+    torch.testing.assert_close(head_outputs(loaded, target), head_outputs(sub_head, target), atol=0, rtol=0)
+
+
+def test_from_pretrained_passes_revision_and_subfolder_to_every_file(tmp_path, monkeypatch):
+    import transformers.utils
+
+    head = EagleDraftModel.from_target(tiny_model("llama"), seed=9)
+    head.save_pretrained(tmp_path / "sub")
+    calls = []
+    real = transformers.utils.cached_file
+
+    def spy(path, filename, **kwargs):
+        calls.append((filename, kwargs.get("revision"), kwargs.get("subfolder")))
+        return real(path, filename, **kwargs)
+
+    monkeypatch.setattr(transformers.utils, "cached_file", spy)
+    EagleDraftModel.from_pretrained(str(tmp_path), subfolder="sub", revision="v1.0")
+    assert calls and all(rev == "v1.0" and sub == "sub" for _, rev, sub in calls)
+    assert {"config.json", "model.safetensors"} <= {name for name, _, _ in calls}

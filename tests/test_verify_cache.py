@@ -51,7 +51,7 @@ def check_tree_pass(model, prefix, num_nodes, max_depth, seed, cache=None):
     tree.check()
     positions = past + tree.depths
     mask = target.tree_attention_mask(cache, tree, positions, torch.arange(past).unsqueeze(0))
-    logits = target.logits(target.forward(tree.tokens, positions, mask, cache))[0]
+    logits = target.forward(tree.tokens, positions, mask, cache)[1][0]
     for i in range(num_nodes):
         seq = torch.cat([prefix, tree.tokens[:, path_to(tree, i)]], dim=1)
         ref = model(seq).logits[0, -1].float()
@@ -124,7 +124,7 @@ def test_batched_rounds_with_holes_equal_sequential(family):
         tree = DraftTree(*(torch.cat([getattr(t, f) for t in trees]) for f in ("tokens", "parents", "depths", "ancestors", "scores", "local_logp")))
         positions = root_pos.view(bsz, 1) + tree.depths
         mask = target.tree_attention_mask(cache, tree, positions, slot_pos)
-        logits = target.logits(target.forward(tree.tokens, positions, mask, cache))
+        logits = target.forward(tree.tokens, positions, mask, cache)[1]
         for b in range(bsz):
             for i in range(tree.num_nodes):
                 path = path_to(DraftTree(*(getattr(tree, f)[b : b + 1] for f in ("tokens", "parents", "depths", "ancestors", "scores", "local_logp"))), i)

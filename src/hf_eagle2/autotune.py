@@ -87,7 +87,7 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
     prefix = torch.randint(0, vocab, (1, prefix_len), device=device)
     cache = DynamicCache(config=model.config)
     cache.activate_past_recording()
-    target.forward(prefix, torch.arange(prefix_len, device=device).unsqueeze(0), None, cache)
+    target.forward(prefix, torch.arange(prefix_len, device=device).unsqueeze(0), None, cache, logits_to_keep=1)
     slot_pos = torch.arange(prefix_len, device=device).unsqueeze(0)
     verify_s = []
     for q in points:
@@ -101,7 +101,7 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
             start = time.perf_counter()
             positions = prefix_len + tree.depths
             mask = target.tree_attention_mask(cache, tree, positions, slot_pos)
-            target.logits(target.forward(tree.tokens, positions, mask, cache))
+            target.forward(tree.tokens, positions, mask, cache)
             _sync(device)
             times.append(time.perf_counter() - start)
             cache.crop(-q)

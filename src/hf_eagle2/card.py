@@ -20,16 +20,28 @@ import yaml
 SHAREGPT_HUB = "anon8231489123/ShareGPT_Vicuna_unfiltered"
 
 
+DEFAULT_NAME = "smollm2-135m-instruct-eagle2"
+
+
 def card_metadata(results: dict) -> dict:
+    """The card's YAML metadata.
+
+    No `pipeline_tag`: a draft head cannot generate on its own (it needs its target), so it belongs to no Hub task
+    and gets no inference widget. No `library_name`: hf_eagle2 is not a library the Hub knows, and `transformers`
+    would offer a loading snippet that fails (AutoModel knows model_type "eagle" only after `import hf_eagle2`).
+    """
     return {
         "base_model": results.get("base_model", "HuggingFaceTB/SmolLM2-135M-Instruct"),
-        "library_name": "hf-eagle2",
         "license": "apache-2.0",
-        "tags": ["eagle", "eagle-2", "speculative-decoding", "draft-model", "transformers"],
+        "tags": ["eagle", "eagle-2", "speculative-decoding", "draft-model", "hf-eagle2"],
         "datasets": [SHAREGPT_HUB],
-        "pipeline_tag": "text-generation",
         "language": ["en"],
     }
+
+
+def is_namespaced(repo_id) -> bool:
+    """`user/name`: a repo id the usage snippet can load from the Hub."""
+    return isinstance(repo_id, str) and repo_id.count("/") == 1 and all(repo_id.split("/"))
 
 
 def _fmt(value, digits=2):
@@ -37,6 +49,10 @@ def _fmt(value, digits=2):
 
 
 def render_card(results: dict, repo_id: str | None = None) -> str:
+    """The card's markdown. `repo_id` (`user/name`), or a namespaced `hub_name` in the results, is what the usage
+    snippet loads; without one the snippet loads the local folder."""
+    if repo_id is not None and not is_namespaced(repo_id):
+        raise ValueError(f"repo_id must be namespaced, 'user/name', for the card's usage snippet; got {repo_id!r}")
     meta = card_metadata(results)
     train = results.get("training", {})
     cfg = train.get("config", {})
@@ -46,7 +62,13 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     speed = results.get("speed", {})
     commands = results.get("commands", {})
     base = meta["base_model"]
-    name = repo_id or results.get("hub_name", "smollm2-135m-instruct-eagle2")
+    hub_name = results.get("hub_name")
+    repo = repo_id or (hub_name if is_namespaced(hub_name) else None)
+    name = repo or hub_name or DEFAULT_NAME
+    if repo:
+        load = f'"{repo}")  # Hub repo id'
+    else:
+        load = f'"path/to/{name}")  # this folder (its Hub repo id `user/name` once pushed)'
     tree = ev.get("tree", {})
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", ""]
     lines += [
@@ -64,7 +86,7 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         "",
         f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
         f'model = AutoModelForCausalLM.from_pretrained("{base}", attn_implementation="sdpa")',
-        f'draft = hf_eagle2.EagleDraftModel.from_pretrained("{name}")  # Hub repo id or local folder',
+        f"draft = hf_eagle2.EagleDraftModel.from_pretrained({load}",
         'messages = [{"role": "user", "content": "Write a haiku about the sea."}]',
         'ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")["input_ids"]',
         'out = model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=256)',

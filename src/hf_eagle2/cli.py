@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench", default=None, help="bench --out JSON to record in results.json")
     p.add_argument("--curve", nargs="*", default=None, help="eval-head JSONs of training snapshots (τ curve)")
     p.add_argument("--set", nargs="*", default=None, help="KEY=VALUE strings to record (hardware=..., ...)")
-    p.add_argument("--repo-id", default=None)
+    p.add_argument("--repo-id", default=None, help="user/name: the Hub repo the card's usage snippet loads")
     p.set_defaults(func=cmd_card)
 
     p = sub.add_parser("push", help="upload a head folder (card, config, weights) and/or the custom_generate recipe")
@@ -303,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"also (or only) upload this recipe folder as the repo's custom_generate/ (default "
                    f"./{DEFAULT_CUSTOM_GENERATE}); with --head, the same repo id then serves as custom_generate= and "
                    "assistant_model=")  # fmt: skip
-    p.add_argument("--repo-id", required=True)
+    p.add_argument("--repo-id", required=True,
+                   help="user/name (a bare name goes to your namespace); the card is rewritten to load it")  # fmt: skip
     p.add_argument("--private", action="store_true")
     p.set_defaults(func=cmd_push)
 

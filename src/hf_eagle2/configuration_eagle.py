@@ -21,6 +21,11 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import LlamaConfig
 
 
+# Fields a head config.json must give: missing, LlamaConfig would fill in a 7B model's sizes, and a head of
+# another shape (or, for the attention heads, one that loads but computes something else) would follow.
+REQUIRED_FIELDS = ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size")
+
+
 @strict
 class EagleConfig(LlamaConfig):
     model_type = "eagle"
@@ -48,6 +53,12 @@ class EagleConfig(LlamaConfig):
     @classmethod
     def from_official_dict(cls, raw: dict[str, Any]) -> "EagleConfig":
         """Reads an official EAGLE-1/2 (Llama-style) or an hf_eagle2 `config.json` dict."""
+        missing = [name for name in REQUIRED_FIELDS if raw.get(name) is None]
+        if missing:
+            raise ValueError(
+                f"the head's config has no {', '.join(missing)}: a draft head config must give "
+                f"{', '.join(REQUIRED_FIELDS)} (LlamaConfig's defaults would describe another model)"
+            )
         raw = dict(raw)
         raw.pop("model_type", None)
         raw.pop("architectures", None)

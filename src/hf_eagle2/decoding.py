@@ -59,7 +59,7 @@ def eagle_generate(
     **model_kwargs,
 ):
     """Tree-speculative decoding (greedy or sampling); the `custom_generate` body behind `generate(..., tree=...)`."""
-    _check_supported(model, input_ids, generation_config, model_kwargs)
+    _check_supported(model, input_ids, generation_config, model_kwargs, logits_processor, synced_gpus)
     target = TargetModel(model)
     cache = model_kwargs.get("cache")
     if cache is None:
@@ -120,8 +120,8 @@ def eagle_generate(
     # ---- prefill: plain forward over the prompt (only its uncached suffix when a cache is reused)
     with timer("prefill_s"):
         prefill_mask = attention_mask if not valid_prompt.all() else None
-        hidden = target.forward(input_ids[:, cached:], prompt_pos[:, cached:], prefill_mask, cache)
-        raw = target.logits(hidden[:, -1])
+        hidden, raw = target.forward(input_ids[:, cached:], prompt_pos[:, cached:], prefill_mask, cache, logits_to_keep=1)
+        raw = raw[:, -1]
         processed = logits_processor(input_ids, raw) if logits_processor else raw
         first = sample_choices(processed.unsqueeze(1))[:, 0] if do_sample else processed.argmax(-1)
     if want_scores:
@@ -160,8 +160,7 @@ def eagle_generate(
             positions = root_pos.view(bsz, 1) + tree.depths
             mask = target.tree_attention_mask(cache, tree, positions, slot_pos[:, :-1])
         with timer("verify_s"):
-            hidden = target.forward(tree.tokens, positions, mask, cache)
-            raw = target.logits(hidden)
+            hidden, raw = target.forward(tree.tokens, positions, mask, cache)
         with timer("bookkeeping_s"):
             rows = [sequences[b, : seq_len[b]] for b in range(bsz)]
             processed = process_node_logits(raw, tree, rows, logits_processor)
@@ -287,14 +286,111 @@ class _CalibrationLog:
         }
 
 
-def _check_supported(model, input_ids, generation_config, model_kwargs) -> None:
+# options that pick another drafter; the EAGLE head is the drafter (also refused in the stock assisted loop)
+OTHER_DRAFTERS = (
+    ("prompt_lookup_num_tokens", lambda g: g.prompt_lookup_num_tokens is not None,
+     "prompt lookup is another drafter; the EAGLE head is the drafter"),
+    ("assistant_early_exit", lambda g: getattr(g, "assistant_early_exit", None) is not None,
+     "early-exit self-speculation is another drafter; the EAGLE head is the drafter"),
+    ("use_mtp", lambda g: bool(getattr(g, "use_mtp", None)),
+     "multi-token-prediction drafting is another drafter; the EAGLE head is the drafter"),
+    ("speculation_type", lambda g: getattr(g, "speculation_type", None) is not None,
+     "another speculation method; the EAGLE head is the drafter"),
+    ("assistant_ensemble_weight", lambda g: getattr(g, "assistant_ensemble_weight", None) is not None,
+     "it mixes the draft's distribution into the output, and EAGLE verification keeps the target's alone"),
+)  # fmt: skip
+# generate() options the tree loop cannot honour, refused by name before any forward: (option, is it set?, why)
+REFUSED_OPTIONS = (
+    ("penalty_alpha (contrastive search)",
+     lambda g: (g.penalty_alpha or 0) > 0 and (g.top_k or 0) > 1 and g.do_sample is not True,
+     "contrastive search re-ranks the top-k candidates by a degeneration penalty on hidden states; a tree pass "
+     "verifies the model's own greedy or sampled choice"),
+    ("dola_layers", lambda g: g.dola_layers is not None,
+     "DoLa contrasts the final logits with early layers' logits, which the tree pass does not compute"),
+    ("constraints", lambda g: g.constraints is not None, "constrained beam search is a beam search"),
+    ("force_words_ids", lambda g: g.force_words_ids is not None, "constrained beam search is a beam search"),
+    *OTHER_DRAFTERS,
+    ("guidance_scale", lambda g: g.guidance_scale is not None and g.guidance_scale != 1,
+     "classifier-free guidance runs its own unconditional forward, one token per call, with its own cache"),
+    ("prefill_chunk_size", lambda g: getattr(g, "prefill_chunk_size", None) is not None,
+     "the prompt is prefilled in one forward (chunked prefill is not implemented)"),
+    ("compile_config", lambda g: g.compile_config is not None,
+     "tree passes change shape every round, so the forward is never compiled"),
+)  # fmt: skip
+# stock logits processors that keep state across calls (they assume one call per generated token, on the same
+# batch rows), while the tree loop calls the processors once per tree depth with one row per node
+STATEFUL_PROCESSORS = {
+    "SynthIDTextWatermarkLogitsProcessor": "it keeps each row's n-gram context across calls (SynthID watermarking)",
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "it runs its own forward with its own cache (guidance_scale)",
+    "ClassifierFreeGuidanceLogitsProcessor": "it expects the batch doubled into conditional and unconditional halves",
+    "WhisperNoSpeechDetection": "it runs its own forward and keeps state across calls",
+    "DiaEOSDelayPatternLogitsProcessor": "it keeps per-row state across calls",
+}
+# model inputs the tree loop passes on (it builds position ids and masks itself); any other is refused
+PASSED_MODEL_INPUTS = ("attention_mask", "cache", "use_cache", "logits_to_keep", "position_ids")
+# RoPE types whose frequencies depend on the largest position in the pass: a tree pass reaches deeper positions
+# than each node's own sequence, so its nodes would be rotated with other frequencies than plain decoding uses
+POSITION_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def _check_supported(model, input_ids, generation_config, model_kwargs, logits_processor, synced_gpus) -> None:
+    """Raises for anything the tree loop would not reproduce exactly: see the tables above."""
     if model.config.is_encoder_decoder:
         raise NotImplementedError("tree speculation supports decoder-only models")
     if (generation_config.num_beams or 1) > 1:
         raise ValueError("tree speculation cannot be combined with beam search (num_beams > 1)")
-    if model_kwargs.get("inputs_embeds") is not None:
-        raise NotImplementedError("tree speculation needs input_ids, not inputs_embeds")
-    if generation_config.output_attentions or generation_config.output_hidden_states:
-        raise NotImplementedError("output_attentions / output_hidden_states are not available with tree speculation")
     if input_ids.shape[1] == 0:
         raise ValueError("tree speculation needs a non-empty prompt")
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        raise NotImplementedError("output_attentions / output_hidden_states are not available with tree speculation")
+    for option, is_set, why in REFUSED_OPTIONS:
+        if is_set(generation_config):
+            raise ValueError(f"tree speculation does not support {option}: {why}")
+    if synced_gpus:
+        raise NotImplementedError(
+            "tree speculation does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP across ranks): its rounds do not "
+            "keep every rank's forwards in lock-step"
+        )
+    for processor in logits_processor or ():
+        name = next((c.__name__ for c in type(processor).__mro__ if c.__name__ in STATEFUL_PROCESSORS), None)
+        if name is not None:
+            raise ValueError(f"tree speculation cannot use {name}: {STATEFUL_PROCESSORS[name]}")
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise NotImplementedError("tree speculation needs input_ids, not inputs_embeds")
+    unknown = sorted(k for k, v in model_kwargs.items() if v is not None and k not in PASSED_MODEL_INPUTS)
+    if unknown:
+        raise ValueError(
+            f"tree speculation cannot pass the model inputs {unknown} on to the target (it feeds input_ids, its own "
+            f"position ids and tree masks only); generate without tree= for these inputs"
+        )
+    position_ids = model_kwargs.get("position_ids")
+    if position_ids is not None and not torch.equal(position_ids, _default_position_ids(input_ids, model_kwargs)):
+        raise ValueError(
+            "tree speculation computes position ids from the attention mask; custom position_ids are not supported"
+        )
+    config = model.config.get_text_config()
+    rope = [t for t in _rope_types(config) if any(d in t for d in POSITION_DEPENDENT_ROPE)]
+    if rope:
+        raise NotImplementedError(
+            f"tree speculation does not support rope_type {rope[0]!r}: its frequencies depend on the largest position "
+            "in the forward, and a tree pass holds deeper positions than each node's own sequence"
+        )
+
+
+def _default_position_ids(input_ids, model_kwargs) -> torch.LongTensor:
+    """The position ids `generate` derives when none are given (so explicit ones can be told apart)."""
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None:
+        return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    cache = model_kwargs.get("cache")
+    past = cache.get_seq_length() if cache is not None else 0
+    return torch.arange(input_ids.shape[1] + past, device=input_ids.device).unsqueeze(0)
+
+
+def _rope_types(config) -> list[str]:
+    """RoPE types of a config: `rope_parameters` (per layer type, or one dict) or the legacy `rope_scaling`."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(params, dict):
+        return []
+    groups = list(params.values()) if params and all(isinstance(v, dict) for v in params.values()) else [params]
+    return [str(g.get("rope_type", g.get("type", "default"))) for g in groups]

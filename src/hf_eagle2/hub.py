@@ -31,13 +31,22 @@ def push_head_folder(folder: str, repo_id: str, *, token: str | None = None, pri
                      commit_message: str = "Upload EAGLE-2 draft head", api=None) -> str:  # fmt: skip
     """Creates `repo_id` (if needed) and uploads the head folder's card, config and weights. Returns the commit URL.
 
+    With a `results.json`, the card (README.md) is written again first, so that its usage snippet loads the repo's
+    full `user/name` id (the Hub resolves a bare name to the caller's namespace).
     `api` defaults to `huggingface_hub.HfApi(token=token)`; tests pass a stand-in to stop at the network boundary."""
-    files = check_head_folder(folder)
+    check_head_folder(folder)
     if api is None:
         from huggingface_hub import HfApi
 
         api = HfApi(token=token)
-    api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+    url = api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+    full_id = getattr(url, "repo_id", None) or repo_id
+    if os.path.exists(os.path.join(folder, "results.json")):
+        from .card import is_namespaced, write_card
+
+        if is_namespaced(full_id):
+            write_card(folder, repo_id=full_id)
+    files = check_head_folder(folder)
     info = api.upload_folder(
         folder_path=folder, repo_id=repo_id, repo_type="model", allow_patterns=files, commit_message=commit_message
     )

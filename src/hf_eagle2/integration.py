@@ -7,7 +7,8 @@
   still prepares the generation config, logits processors, stopping criteria and cache. The `tree*` values may
   also live in a `GenerationConfig` (custom fields): `GenerationConfig(tree="eagle2", tree_total_tokens=60)`.
 * `generate(..., assistant_model=<EagleDraftModel>)` without `tree` is the *stock* assisted-decoding loop, fed
-  by the same head as a chain `CandidateGenerator` (`num_assistant_tokens` or `tree_depth` tokens per round).
+  by the same head as a chain `CandidateGenerator` (`num_assistant_tokens` or `tree_depth` tokens per round, 6 if
+  neither is set: transformers' default of 20 is meant for assistant models).
 * Anything else goes to the original `generate` untouched, including a `custom_generate` repo or folder name:
   transformers loads that recipe, and the repo's own `custom_generate/generate.py` comes back in here through
   `hub_generate`.
@@ -17,6 +18,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import os
@@ -26,6 +28,7 @@ from transformers import GenerationMixin, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from .candidate_generator import EagleCandidateGenerator, TreeOptions
+from .decoding import OTHER_DRAFTERS, eagle_generate
 from .modeling_eagle import EagleDraftModel
 
 # generate kwarg / GenerationConfig field -> TreeOptions field
@@ -63,6 +66,9 @@ def register() -> None:
         @functools.wraps(original_getter)
         def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs, assistant_model=None, **kwargs):  # noqa: E501
             if isinstance(assistant_model, EagleDraftModel):
+                for option, is_set, why in OTHER_DRAFTERS:
+                    if is_set(generation_config):
+                        raise ValueError(f"an EAGLE head as assistant_model cannot be combined with {option}: {why}")
                 depth = getattr(generation_config, "num_assistant_tokens", None) or DEFAULT_CHAIN_DEPTH
                 options = TreeOptions(tree="chain", depth=int(depth))
                 return EagleCandidateGenerator(assistant_model, self, options, max_length=generation_config.max_length)
@@ -125,9 +131,11 @@ def _generate(original, self, *args, **kwargs):
     generation_config = arguments.get("generation_config")
     values = {key: _resolve(key, extra, generation_config, self.generation_config) for key in TREE_FIELDS}
     assistant = arguments.get("assistant_model")
+    if isinstance(assistant, EagleDraftModel):
+        assistant.bind(self)  # a head made for another model is refused here, before any target forward
     if values["tree"] is None:
-        if isinstance(assistant, EagleDraftModel) and values["tree_depth"] is not None:
-            extra.setdefault("num_assistant_tokens", values["tree_depth"])
+        if isinstance(assistant, EagleDraftModel):
+            _set_chain_depth(self, arguments, extra, values["tree_depth"])
         return original(self, **arguments, **extra)
     if not isinstance(assistant, EagleDraftModel):
         raise ValueError(
@@ -136,6 +144,8 @@ def _generate(original, self, *args, **kwargs):
         )
     if arguments.get("custom_generate") is not None:
         raise ValueError("tree= speculation cannot be combined with a custom_generate callable")
+    if extra.get("cache_implementation") == "paged":  # transformers switches to continuous batching before us
+        raise ValueError('tree= speculation cannot run with cache_implementation="paged" (continuous batching)')
     max_new = extra.get("max_new_tokens", getattr(generation_config, "max_new_tokens", None))
     if max_new is not None and max_new < 1:
         raise ValueError(f"max_new_tokens must be at least 1 for speculative decoding, got {max_new}")
@@ -152,17 +162,74 @@ def _generate(original, self, *args, **kwargs):
         arguments["stopping_criteria"] = criteria
         extra["stop_strings"] = None
 
+    # transformers does not hand synced_gpus to a custom_generate callable: pass it on, resolved as generate does,
+    # so that the tree loop can refuse it
+    synced_gpus = arguments.pop("synced_gpus", None)
+    if synced_gpus is None:
+        synced_gpus = _distributed_sync_needed(self)
     arguments["custom_generate"] = functools.partial(
-        _eagle_custom_generate, draft=assistant, options=options, streamer=arguments.pop("streamer", None)
-    )
+        _eagle_custom_generate, draft=assistant, options=options, streamer=arguments.pop("streamer", None),
+        synced_gpus=bool(synced_gpus),
+    )  # fmt: skip
     arguments["assistant_model"] = None
     return original(self, **arguments, **extra)
 
 
-def _eagle_custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, *, draft, options, streamer, **model_kwargs):  # noqa: E501
-    from .decoding import eagle_generate
+def _set_chain_depth(model, arguments: dict, extra: dict, tree_depth) -> None:
+    """The stock assisted loop with an EAGLE head: the chain depth is `tree_depth` or `num_assistant_tokens` if the
+    caller set one, else DEFAULT_CHAIN_DEPTH (transformers' own default, 20, is meant for assistant models).
 
+    Only what the caller set counts: generate merges transformers' defaults into the config it hands on, so the
+    choice is made here, on the kwargs, the generation_config passed and the model's own generation_config. The
+    stock options that adapt an assistant model's drafting are refused: the head drafts a fixed-depth chain, and
+    tree="eagle2" is the adaptive alternative (its dynamic tree spends the draft budget by confidence).
+    """
+    passed = arguments.get("generation_config")
+
+    def user_value(key):
+        if extra.get(key) is not None:
+            return extra[key]
+        values = (getattr(config, key, None) for config in (passed, model.generation_config) if config is not None)
+        return next((v for v in values if v is not None), None)
+
+    schedule = user_value("num_assistant_tokens_schedule")
+    if schedule not in (None, "constant"):
+        raise ValueError(
+            f"num_assistant_tokens_schedule={schedule!r} adapts an assistant model's draft length between rounds; an "
+            f"EAGLE head drafts a fixed chain of num_assistant_tokens (or tree_depth) tokens. Use 'constant', or "
+            f'tree="eagle2" for drafts that adapt to the head\'s confidence.'
+        )
+    if user_value("assistant_confidence_threshold") is not None:
+        raise ValueError(
+            "assistant_confidence_threshold stops an assistant model's drafting early; an EAGLE head's chain is not "
+            'cut by confidence. Leave it unset, or use tree="eagle2", whose tree is built by confidence.'
+        )
+    tokens = user_value("num_assistant_tokens")
+    if tokens is not None and tree_depth is not None and int(tokens) != int(tree_depth):
+        raise ValueError(f"num_assistant_tokens={tokens} and tree_depth={tree_depth} disagree: give one")
+    depth = int(tree_depth if tree_depth is not None else tokens if tokens is not None else DEFAULT_CHAIN_DEPTH)
+    if passed is not None:  # set on a copy: kwargs next to a generation_config are deprecated in transformers
+        arguments["generation_config"] = passed = copy.deepcopy(passed)
+        passed.num_assistant_tokens = depth
+        extra.pop("num_assistant_tokens", None)
+    else:
+        extra["num_assistant_tokens"] = depth
+
+
+def _distributed_sync_needed(model) -> bool:
+    """What `generate` assumes for synced_gpus=None: DeepSpeed ZeRO-3 or FSDP over more than one rank."""
+    import torch.distributed as dist
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    from transformers.distributed.fsdp import is_fsdp_managed_module
+
+    return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
+
+
+def _eagle_custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, *, draft, options, streamer, synced_gpus, **model_kwargs):  # noqa: E501
     return eagle_generate(
-        model, input_ids, logits_processor, stopping_criteria, generation_config,
+        model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
         draft=draft, options=options, streamer=streamer, **model_kwargs,
     )  # fmt: skip

@@ -17,6 +17,7 @@ writes a `model.safetensors` the official code reads back.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -26,16 +27,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
+from transformers.utils import logging
 
 from .configuration_eagle import EagleConfig
 from .cpu_kernels import NEVER, PackedWeight, is_optimized, min_rows_of, optimize_for_cpu, packed_linear
+
+logger = logging.get_logger(__name__)
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -231,6 +235,13 @@ class EagleDraftModel(PreTrainedModel):
             )
         if self.d2t is not None and int(self.d2t.max()) >= weight.shape[0]:
             raise ValueError("d2t maps draft tokens outside the target vocabulary")
+        target_name = getattr(target, "name_or_path", None) or getattr(target.config, "_name_or_path", None)
+        if _is_model_id(self.config.target_model) and _is_model_id(target_name):
+            if self.config.target_model.lower() != target_name.lower():
+                logger.warning(
+                    f"This draft head was trained for {self.config.target_model}, but the target is {target_name}: the "
+                    "output stays exact, but drafts are likely to be accepted less often."
+                )
         if self.fc.weight.device != weight.device or self.fc.weight.dtype != weight.dtype:
             self.to(device=weight.device, dtype=weight.dtype)
         bias = getattr(head, "bias", None)
@@ -251,8 +262,6 @@ class EagleDraftModel(PreTrainedModel):
 
     def unbound_copy(self) -> "EagleDraftModel":
         """A deep copy of the head alone: the borrowed target modules are not copied (the copy is unbound)."""
-        import copy
-
         binding, self._binding = self._binding, None
         try:
             return copy.deepcopy(self)
@@ -366,29 +375,41 @@ class EagleDraftModel(PreTrainedModel):
         cls,
         pretrained_model_name_or_path: str | os.PathLike,
         *,
+        config: EagleConfig | PreTrainedConfig | str | os.PathLike | None = None,
+        subfolder: str = "",
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         revision: str | None = None,
         token: str | bool | None = None,
         cache_dir: str | None = None,
         local_files_only: bool = False,
+        force_download: bool = False,
+        proxies: dict | None = None,
         **kwargs: Any,
     ) -> "EagleDraftModel":
         """Loads a head from a local folder or a Hub repo, in hf_eagle2 or official EAGLE-1/2 format.
 
         Reads `config.json` and `model.safetensors` (preferred) or `pytorch_model.bin`
         (`torch.load(weights_only=True)`). Unexpected or missing tensors raise a ValueError naming them.
+        As in transformers: `config` (a config, or a folder / repo id holding one) is used instead of the
+        folder's `config.json`; `subfolder` locates config and weights inside the folder or repo; `revision`
+        picks the Hub revision.
         """
         from transformers.utils import cached_file
 
-        kwargs.pop("config", None)
         torch_dtype = kwargs.pop("torch_dtype", None)
         dtype = dtype if dtype is not None else torch_dtype
-        hub = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
+        hub = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only,
+                   force_download=force_download, proxies=proxies, subfolder=subfolder)  # fmt: skip
         path = str(pretrained_model_name_or_path)
-        config_file = cached_file(path, "config.json", **hub)
-        with open(config_file, encoding="utf-8") as f:
-            config = EagleConfig.from_official_dict(json.load(f))
+        if isinstance(config, EagleConfig):
+            config = copy.deepcopy(config)
+        elif isinstance(config, PreTrainedConfig):  # an official head's Llama-style config
+            config = EagleConfig.from_official_dict(config.to_dict())
+        else:
+            config_file = cached_file(str(config) if config is not None else path, "config.json", **hub)
+            with open(config_file, encoding="utf-8") as f:
+                config = EagleConfig.from_official_dict(json.load(f))
         weights_file = cached_file(path, "model.safetensors", _raise_exceptions_for_missing_entries=False, **hub)
         if weights_file is not None:
             from safetensors.torch import load_file
@@ -397,7 +418,8 @@ class EagleDraftModel(PreTrainedModel):
         else:
             weights_file = cached_file(path, "pytorch_model.bin", _raise_exceptions_for_missing_entries=False, **hub)
             if weights_file is None:
-                raise OSError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+                where = os.path.join(path, subfolder) if subfolder else path
+                raise OSError(f"{where} has neither model.safetensors nor pytorch_model.bin")
             state = torch.load(weights_file, map_location="cpu", weights_only=True)
         model = cls(config)
         model.load_head_state_dict(state, source=weights_file)
@@ -443,6 +465,19 @@ class EagleDraftModel(PreTrainedModel):
 
     def num_head_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def _is_model_id(name) -> bool:
+    """Whether `name` names a model: a Hub repo id. A local folder does not say which model it holds."""
+    if not isinstance(name, str) or not name or os.path.isabs(name) or os.path.exists(name):
+        return False
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 def _rope_theta(text_config) -> float:

@@ -1,27 +1,58 @@
 """`TargetModel`: drives a Hugging Face causal LM through its public forward for tree verification.
 
-The target is run as its base decoder (`model.get_decoder()`) so that we get the final hidden states (the
-draft head's features) and apply the lm_head only to the rows that need logits. Tree passes use a 4D
-*additive float* mask in the model's dtype plus explicit `position_ids`; models with mixed attention layers
-(sliding window and full, e.g. Gemma3) get one mask per layer type, sized by the cache's own
-`get_mask_sizes`, and sliding layers also get the window cut-off at each node's own position.
+Every pass is the causal LM's own forward (`model(...)`), so the logits are exactly what the model computes,
+post-processing included (Cohere's `logit_scale`, Granite's `logits_scaling`, Gemma2's soft-cap in the model's
+dtype, ...), and are cast to float32 as plain `generate` casts them. `output_hidden_states=-1` returns only the
+final hidden state, after the final norm: the lm_head input at *every* position, which the draft head needs
+for the whole prompt while the prefill computes logits for its last position only (`logits_to_keep=1`).
+
+Tree passes use a 4D *additive float* mask in the model's dtype plus explicit `position_ids` (exact with sdpa
+and eager; a bool mask would be silently wrong with eager); models with mixed attention layers (sliding window
+and full, e.g. Gemma3) get one mask per layer type, sized by the cache's own `get_mask_sizes`, and sliding
+layers also get the window cut-off at each node's own position.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
+from transformers.utils import logging
 
 from .tree import DraftTree
+
+logger = logging.get_logger(__name__)
 
 TREE_MASK_ATTENTION = ("sdpa", "eager")
 _KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
+def causal_lm_forward(
+    model: PreTrainedModel, input_ids, position_ids, attention_mask, cache: Cache | None, logits_to_keep: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of the causal LM itself.
+
+    input_ids, position_ids: (B, T); attention_mask: 2D (B, S), 4D additive (B, 1, T, S) (or a dict of them per
+    layer type) or None. Returns (features (B, T, H): the final hidden state at every position, logits (B, K, V)
+    float32 for the last K = logits_to_keep positions, all T if 0).
+    """
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                  use_cache=cache is not None, output_hidden_states=-1)  # fmt: skip
+    keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
+    if keeps:
+        inputs["logits_to_keep"] = logits_to_keep
+    out = model(**inputs)
+    if not out.hidden_states:
+        raise NotImplementedError(f"{type(model).__name__} returns no hidden states: the draft head has no features")
+    logits = out.logits if keeps or not logits_to_keep else out.logits[:, -logits_to_keep:]
+    # as `generate` does: float32, on the device of the tokens
+    return out.hidden_states[-1], logits.to(dtype=torch.float32, device=input_ids.device)
+
+
 class TargetModel:
-    """A thin view of a causal LM: decoder forward, lm_head, embeddings and the attention layout."""
+    """A thin view of a causal LM for tree verification: its forward, dtype/device and attention layout."""
 
     def __init__(self, model: PreTrainedModel):
         self.model = model
@@ -33,11 +64,10 @@ class TargetModel:
                 f"'{impl}' cannot take. Load the target with attn_implementation='sdpa' (or 'eager'), or call "
                 f"model.set_attn_implementation('sdpa') before generate()."
             )
-        self.decoder = model.get_decoder()
-        if self.decoder is model:
-            raise ValueError(f"{type(model).__name__} is not a causal LM with a separate decoder and lm_head")
         self.lm_head = model.get_output_embeddings()
-        self.softcap = getattr(self.config, "final_logit_softcapping", None)
+        if self.lm_head is None or getattr(self.lm_head, "weight", None) is None:
+            raise ValueError(f"{type(model).__name__} is not a causal LM with an lm_head (output embeddings)")
+        self._features_checked = False
         layer_types = getattr(self.config, "layer_types", None) or ["full_attention"] * self.config.num_hidden_layers
         unknown = sorted(set(layer_types) - set(_KNOWN_LAYER_TYPES))
         if unknown:
@@ -59,19 +89,33 @@ class TargetModel:
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
-    def forward(self, input_ids, position_ids, attention_mask, cache: Cache) -> torch.Tensor:
-        """Decoder forward; returns final hidden states (B, T, H) (after the final norm)."""
-        out = self.decoder(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=True
-        )
-        return out.last_hidden_state
+    def forward(
+        self, input_ids, position_ids, attention_mask, cache: Cache, logits_to_keep: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`causal_lm_forward` on the target: (features (B, T, H), float32 logits (B, K, V)).
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., H) -> float32 logits (..., V), with the model's final logit soft-capping if it has one."""
-        logits = self.lm_head(hidden.to(self.lm_head.weight.device)).float()
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        The first call also checks that the features are the lm_head input (a hook sees what the lm_head reads).
+        A model that transforms the hidden state after its final norm still gets exact logits, but its draft head
+        features are not what EAGLE assumes, so drafts may be accepted less often: that is logged, not refused.
+        """
+        if self._features_checked:
+            return causal_lm_forward(self.model, input_ids, position_ids, attention_mask, cache, logits_to_keep)
+        seen = []
+        handle = self.lm_head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        try:
+            features, logits = causal_lm_forward(
+                self.model, input_ids, position_ids, attention_mask, cache, logits_to_keep
+            )
+        finally:
+            handle.remove()
+        self._features_checked = True
+        if seen and not torch.equal(seen[-1][:, -1].to(features.device), features[:, -1]):
+            logger.warning_once(
+                f"{type(self.model).__name__}: the final hidden state is not the lm_head input (the model transforms "
+                "it after the final norm). Verification stays exact, but the draft head's features differ from "
+                "what its lm_head reads, so fewer drafts may be accepted."
+            )
+        return features, logits
 
     def tree_attention_mask(
         self, cache: Cache, tree: DraftTree, positions: torch.LongTensor, slot_pos: torch.LongTensor
@@ -120,10 +164,3 @@ class TargetModel:
         mask = torch.zeros(bsz, 1, q, kv_length, dtype=self.dtype, device=device)
         return mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(self.dtype).min)
 
-
-def greedy_tokens(logits: torch.Tensor) -> torch.LongTensor:
-    return logits.argmax(dim=-1)
-
-
-def log_softmax_float(x: torch.Tensor) -> torch.Tensor:
-    return F.log_softmax(x.float(), dim=-1)

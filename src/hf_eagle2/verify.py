@@ -25,10 +25,12 @@ Why this is exact:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList
+from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
 
 from .tree import DraftTree
 
@@ -71,13 +73,48 @@ def process_node_logits(
     out = logits.clone()
     prefix = path_tokens(tree)[:, :, 1:]
     for b, seq in enumerate(sequences):
+        row_processor = _for_batch_row(logits_processor, b)
         for d in range(tree.max_depth + 1):
             rows = (tree.depths[b] == d).nonzero().squeeze(-1)
             if rows.numel() == 0:
                 continue
             ids = torch.cat([seq.unsqueeze(0).expand(rows.numel(), -1), prefix[b, rows, :d]], dim=1)
-            out[b, rows] = logits_processor(ids, logits[b, rows])
+            out[b, rows] = row_processor(ids, logits[b, rows])
     return out
+
+
+def _for_batch_row(logits_processor: LogitsProcessorList, row: int) -> LogitsProcessorList:
+    """`logits_processor` for the nodes of batch row `row`.
+
+    `prefix_allowed_tokens_fn(batch_id, ids)` is per row: `generate` calls it with batch_id = row // num_beams
+    (num_beams counts the copies of each prompt, num_return_sequences included). Its processor would number the
+    nodes of one call as rows, so it is rebuilt with that row's batch id for every node. The tree also shows the
+    function drafted prefixes plain decoding never reaches, so an empty answer is reported as such.
+    """
+    if not any(isinstance(p, PrefixConstrainedLogitsProcessor) for p in logits_processor):
+        return logits_processor
+    out = LogitsProcessorList()
+    for p in logits_processor:
+        if isinstance(p, PrefixConstrainedLogitsProcessor):
+            fn, copies = getattr(p, "_prefix_allowed_tokens_fn", None), getattr(p, "_num_beams", None)
+            if fn is None or copies is None:
+                raise NotImplementedError(
+                    "this transformers version's prefix_allowed_tokens_fn cannot be run per tree node"
+                )
+            p = PrefixConstrainedLogitsProcessor(functools.partial(_allowed_for_row, fn, row // copies), num_beams=1)
+        out.append(p)
+    return out
+
+
+def _allowed_for_row(fn, batch_id: int, _node: int, ids: torch.LongTensor) -> list[int]:
+    allowed = fn(batch_id, ids)
+    if len(allowed) == 0:
+        raise ValueError(
+            f"prefix_allowed_tokens_fn returned no allowed token for batch ID {batch_id}. Tree verification calls it "
+            "on every drafted prefix too, including prefixes plain decoding would never reach, so it must allow at "
+            "least one token for any prefix."
+        )
+    return allowed
 
 
 def sample_choices(scores: torch.Tensor) -> torch.LongTensor:

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from ..target import causal_lm_forward
 from .data import Conversation, iter_sharegpt, render_with_loss_mask
 
 
@@ -86,12 +87,11 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
 
 @torch.inference_mode()
 def forward_features(model, rows: list[list[int]], pad_id: int) -> list[torch.Tensor]:
-    """Final hidden states (T_i, H) of each row under one padded forward."""
-    decoder = model.get_decoder()
+    """Final hidden states (T_i, H) of each row under one padded forward (the features verification passes on)."""
     device = model.get_output_embeddings().weight.device
     ids, attn = _left_pad(rows, pad_id, device)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    hidden = causal_lm_forward(model, ids, pos, attn, None, logits_to_keep=1)[0]
     width = ids.shape[1]
     return [hidden[i, width - len(r) :].float().cpu() for i, r in enumerate(rows)]
 
