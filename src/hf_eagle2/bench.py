@@ -230,7 +230,7 @@ def summarize(runs: dict[str, list[Run]], datasets, methods, tree_params, max_ne
                 split["overhead_share"] = (split["tree"] + split["bookkeeping"]) / sum(split[k] for k in SPLIT_STATS)
             table.setdefault(ds, {})[m] = {
                 "runs": len(rs),
-                "mismatches": len(rs) - len(ok),
+                "mismatches": sum(not r.identical for r in rs),
                 "failed_prompts": [r.prompt for r in rs if not r.identical],
                 "new_tokens": tokens,
                 "target_forwards": forwards,
