@@ -84,7 +84,8 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
             return CostModel(**json.load(f))
     device = target.device
     vocab = tc.vocab_size
-    prefix = torch.randint(0, vocab, (1, prefix_len), device=device)
+    rng = torch.Generator().manual_seed(0)  # never the global RNG: a seeded sampling run must not depend on this
+    prefix = torch.randint(0, vocab, (1, prefix_len), generator=rng).to(device)
     cache = DynamicCache(config=model.config)
     cache.activate_past_recording()
     target.forward(prefix, torch.arange(prefix_len, device=device).unsqueeze(0), None, cache, logits_to_keep=1)
@@ -93,7 +94,7 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
     for q in points:
         parents = torch.arange(-1, q - 1, device=device).unsqueeze(0)  # a chain: same cost as any tree of q nodes
         depths = torch.arange(q, device=device).unsqueeze(0)
-        tree = DraftTree(torch.randint(0, vocab, (1, q), device=device), parents, depths,
+        tree = DraftTree(torch.randint(0, vocab, (1, q), generator=rng).to(device), parents, depths,
                          _ancestors_from_parents(parents, depths, q - 1), torch.zeros(1, q), torch.zeros(1, q))  # fmt: skip
         times = []
         for _ in range(repeats + 2):
@@ -110,14 +111,14 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
     # one head step: k tokens on top of the prefix, their logits and top-k
     draft.bind(model)
     hidden = tc.hidden_size
-    k_ctx = draft(prefix[:, 1:], torch.randn(1, prefix_len - 1, hidden, device=device, dtype=draft.fc.weight.dtype),
+    k_ctx = draft(prefix[:, 1:], torch.randn(1, prefix_len - 1, hidden, generator=rng).to(device, draft.fc.weight.dtype),
                   torch.arange(prefix_len - 1, device=device).unsqueeze(0))[1]  # fmt: skip
     times = []
     for _ in range(repeats + 1):
         _sync(device)
         start = time.perf_counter()
         mask = torch.ones(1, 1, top_k, prefix_len - 1 + top_k, dtype=torch.bool, device=device)
-        h, _ = draft(prefix[:, :top_k], torch.randn(1, top_k, hidden, device=device, dtype=draft.fc.weight.dtype),
+        h, _ = draft(prefix[:, :top_k], torch.randn(1, top_k, hidden, generator=rng).to(device, draft.fc.weight.dtype),
                      torch.full((1, top_k), prefix_len, device=device), mask, k_ctx)  # fmt: skip
         torch.log_softmax(draft.draft_logits(h).float(), -1).topk(top_k, dim=-1)
         _sync(device)
@@ -141,4 +142,5 @@ def round_budget(model, draft, top_k: int) -> "RoundBudget":
 
     cost = measure_cost(model, draft, top_k)
     verify = torch.tensor([cost.verify(max(q, 1)) for q in range(VERIFY_POINTS[-1] + 2)], dtype=torch.float32)
-    return RoundBudget(verify.to(draft.fc.weight.device), cost.draft_step_s, cost.overhead_s)
+    device = draft.fc.weight.device
+    return RoundBudget(verify.to(device), cost.draft_step_s, cost.overhead_s, early_stop=device.type == "cpu")

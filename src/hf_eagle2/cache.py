@@ -44,8 +44,9 @@ def _tree_start(layer, num_tree: int) -> int:
 
 
 def prune_tree_cache(
-    cache: Cache, keep: torch.LongTensor, num_tree: int, holes: torch.LongTensor | None = None
-) -> None:
+    cache: Cache, keep: torch.LongTensor, num_tree: int, holes: torch.LongTensor | None = None,
+    identity: bool | None = None, compact: bool | None = None,
+) -> None:  # fmt: skip
     """Keeps, of the last `num_tree` tree entries of every layer, the nodes `keep` (B, n_keep), in that order.
 
     keep[b] lists tree node indices (root first, then the accepted path by depth). In a batch, a row that
@@ -53,13 +54,18 @@ def prune_tree_cache(
     layers keep such holes in place; sliding-window layers close them up (each row's entries are shifted so
     that its last `window - 1` real tokens stay contiguous), because a sliding layer only keeps a fixed number
     of slots and a hole must not push a real token out of the window.
+
+    identity (keep[b] == 0..n_keep-1 for every row) and compact (some row has holes) may be given by a caller that
+    knows them on the host; otherwise they are read from the tensors (two host syncs).
     """
     bsz, n_keep = keep.shape
     drop = num_tree - n_keep
     if drop < 0:
         raise ValueError("cannot keep more entries than the tree pass wrote")
-    identity = bool((keep == torch.arange(n_keep, device=keep.device)).all())
-    compact = holes is not None and bool((holes > 0).any())
+    if identity is None:
+        identity = bool((keep == torch.arange(n_keep, device=keep.device)).all())
+    if compact is None:
+        compact = holes is not None and bool((holes > 0).any())
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False):
             continue

@@ -164,12 +164,13 @@ def kernel_crossover(dtype: torch.dtype, shapes: list[tuple[int, int]], refresh:
 def time_kernels(dtype: torch.dtype, shapes: list[tuple[int, int]], repeats: int = 7) -> dict:
     """{'stock'|'packed': {M: ms}}: one pass over `shapes` (N, K), each weight used once per pass, with enough
     distinct copies (>= 64 MB) that they come from memory as in a real forward; the two kernels interleaved."""
+    rng = torch.Generator().manual_seed(0)  # never the global RNG: seeded generate calls must not depend on this
     copies = min(32, max(1, int(64e6 // max(1, sum(n * k for n, k in shapes) * torch.finfo(dtype).bits // 8))))
-    weights = [[torch.randn(n, k, dtype=dtype) * 0.02 for n, k in shapes] for _ in range(copies)]
+    weights = [[(torch.randn(n, k, generator=rng) * 0.02).to(dtype) for n, k in shapes] for _ in range(copies)]
     packed = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
     out = {"stock": {}, "packed": {}}
     for m in ROWS_PROBED:
-        xs = {k: torch.randn(1, m, k, dtype=dtype) for _, k in shapes}
+        xs = {k: torch.randn(1, m, k, generator=rng).to(dtype) for _, k in shapes}
         runs = {"stock": [], "packed": []}
         for r in range(repeats + 1):
             for name in ("stock", "packed") if r % 2 == 0 else ("packed", "stock"):

@@ -27,6 +27,7 @@ from .cache import check_cache_supported, prune_tree_cache
 from .drafter import EagleDrafter, TreeOptions
 from .modeling_eagle import EagleDraftModel
 from .stats import EagleStats, Timer
+from .stopping import BlockStopper
 from .target import TargetModel
 from .verify import accept, process_node_logits, sample_choices
 
@@ -142,7 +143,10 @@ def eagle_generate(
     sequences[:, :prompt_len] = input_ids
     seq_len = [prompt_len] * bsz
     unfinished = [True] * bsz
-    _emit(first.view(bsz, 1), [1] * bsz, sequences, seq_len, unfinished, stopping_criteria, streamer, stats)
+    stopper = BlockStopper(stopping_criteria, bsz)
+    first_scores = (lambda j: processed[:1]) if bsz == 1 else None  # noqa: E731 - the prefill's step scores
+    _emit(first.view(bsz, 1), first.view(bsz, 1).tolist(), sequences, seq_len, unfinished, stopper, streamer, stats,
+          first_scores, pad_id)  # fmt: skip
     # slot state: one entry per target cache slot, plus the root (last token, not yet in the cache)
     slot_tokens = torch.cat([input_ids, first.view(bsz, 1)], dim=1)
     root_pos = valid_prompt.sum(-1)  # (B,) logical position of the root
@@ -168,30 +172,42 @@ def eagle_generate(
             if calib is not None:
                 calib.add(tree, acc)
             drafter.record_acceptance(tree, acc.valid, acc.correct)
-            counts = acc.num_accepted.tolist()
             new_tokens = torch.cat([tree.tokens.gather(1, acc.path[:, 1:]), acc.next_token.view(bsz, 1)], dim=1)
             # new_tokens[b, :counts[b]] are the accepted draft tokens, new_tokens[b, counts[b]] is the bonus
             new_tokens.scatter_(1, acc.num_accepted.view(bsz, 1), acc.next_token.view(bsz, 1))
+            # the round's one host sync: accepted counts, the block's tokens and the accepted path
+            host = torch.cat([acc.num_accepted.view(bsz, 1), new_tokens, acc.path], dim=1).tolist()
+            depth = new_tokens.shape[1]
+            counts = [h[0] for h in host]
+            paths = [h[1 + depth :] for h in host]
             active = [b for b in range(bsz) if unfinished[b]]
             for b in active:
                 stats.record_accept(counts[b])
                 stats.target_forwards_per_row[b] += 1
             stats.target_forwards += 1
             stats.tree_nodes += num_nodes - 1
-            emitted = _emit(new_tokens, [c + 1 for c in counts], sequences, seq_len, unfinished, stopping_criteria, streamer, stats, active)
+            blocks = [h[1 : 2 + counts[b]] for b, h in enumerate(host)]
+            block_scores = (lambda j: processed[0, paths[0][j]].unsqueeze(0)) if bsz == 1 else None  # noqa: E731
+            emitted = _emit(new_tokens, blocks, sequences, seq_len, unfinished, stopper, streamer, stats, block_scores,
+                            pad_id, active)  # fmt: skip
             if want_scores:
                 take = emitted[0]
                 scores_out.extend(processed[0, acc.path[0, :take]].unbind(0))
                 logits_out.extend(raw[0, acc.path[0, :take]].unbind(0))
             # prune: each row keeps root + the accepted nodes it emitted (all but a stop-cut tail), right-aligned
             # in a block of (max kept + 1) slots; the last emitted token is the next root, not cached yet
-            kept = torch.tensor([min(counts[b], emitted[b] - 1) if emitted[b] else 0 for b in range(bsz)], device=device)
-            width = int(kept.max()) + 1
+            kept_host = [min(counts[b], emitted[b] - 1) if emitted[b] else 0 for b in range(bsz)]
+            width = max(kept_host) + 1
+            holes_host = [width - 1 - k for k in kept_host]
+            keep_host = [[paths[b][max(0, i - holes_host[b])] for i in range(width)] for b in range(bsz)]
+            kept = torch.tensor(kept_host, device=device)
             src = torch.arange(width, device=device).view(1, width) - (width - 1 - kept).view(bsz, 1)
-            keep = acc.path.gather(1, src.clamp(min=0))
+            keep = torch.tensor(keep_host, device=device)
             in_block = src >= 0
-            prune_tree_cache(cache, keep, num_nodes, holes=width - 1 - kept)
-            if bsz > 1 and bool((kept < width - 1).any()):
+            prune_tree_cache(cache, keep, num_nodes, holes=width - 1 - kept,
+                             identity=all(row == list(range(width)) for row in keep_host),
+                             compact=any(holes_host))  # fmt: skip
+            if any(holes_host):
                 cache._hf_eagle2_holes = True  # see HOLES_MESSAGE
             if cache.get_seq_length() != slot_pos.shape[1] - 1 + width:
                 raise RuntimeError("tree cache pruning left the cache out of sync with the accepted sequence")
@@ -227,28 +243,27 @@ def _expand(index: torch.LongTensor, like: torch.Tensor) -> torch.LongTensor:
     return index.unsqueeze(-1).expand(*index.shape, like.shape[-1])
 
 
-def _emit(new_tokens, counts, sequences, seq_len, unfinished, stopping_criteria, streamer, stats, rows=None):
-    """Appends new_tokens[b, :counts[b]] to each unfinished row, cut at the first token that meets a stopping
-    criterion (the criteria see each prefix in turn, as in plain decoding). Returns the tokens taken per row."""
+def _emit(new_tokens, blocks, sequences, seq_len, unfinished, stopper, streamer, stats, scores, pad_id, rows=None):
+    """Appends each unfinished row's block (host ids; new_tokens[b, :len(blocks[b])] on the device) to its
+    sequence, cut where plain decoding would have stopped (see stopping.py). Returns the tokens taken per row."""
     taken = [0] * len(seq_len)
     for b in rows if rows is not None else range(len(seq_len)):
         if not unfinished[b]:
             continue
-        cand = new_tokens[b, : counts[b]]
         start = seq_len[b]
-        take = cand.numel()
-        for j in range(cand.numel()):
-            sequences[b, start + j] = cand[j]
-            if bool(stopping_criteria(sequences[b : b + 1, : start + j + 1], None)[0]):
-                take = j + 1
-                unfinished[b] = False
-                break
+        block = blocks[b][: sequences.shape[1] - start]  # never past max_length (the stopper cuts there too)
+        sequences[b, start : start + len(block)] = new_tokens[b, : len(block)]
+        take, stop = stopper.take(sequences[b], start, block, scores)
+        if take < len(block):
+            sequences[b, start + take : start + len(block)] = pad_id  # rows shorter than the output end in padding
+        if stop:
+            unfinished[b] = False
         seq_len[b] = start + take
         taken[b] = take
         stats.new_tokens += take
         stats.new_tokens_per_row[b] += take
         if streamer is not None:
-            streamer.put(cand[:take].cpu())
+            streamer.put(new_tokens[b, :take].cpu())
     return taken
 
 
@@ -364,7 +379,10 @@ def _check_supported(model, input_ids, generation_config, model_kwargs, logits_p
             f"position ids and tree masks only); generate without tree= for these inputs"
         )
     position_ids = model_kwargs.get("position_ids")
-    if position_ids is not None and not torch.equal(position_ids, _default_position_ids(input_ids, model_kwargs)):
+    default_ids = _default_position_ids(input_ids, model_kwargs) if position_ids is not None else None
+    if position_ids is not None and (
+        position_ids.shape[-1] != default_ids.shape[-1] or not bool((position_ids == default_ids).all())
+    ):
         raise ValueError(
             "tree speculation computes position ids from the attention mask; custom position_ids are not supported"
         )

@@ -59,6 +59,7 @@ class DraftTree:
     scores: torch.Tensor
     local_logp: torch.Tensor
     extras: dict = field(default_factory=dict)
+    depth_bound: int | None = None  # known upper bound of depths (no host sync); None: read from `depths`
 
     @property
     def num_nodes(self) -> int:
@@ -66,7 +67,8 @@ class DraftTree:
 
     @property
     def max_depth(self) -> int:
-        return int(self.depths.max())
+        """The deepest node's depth, or an upper bound of it known from construction (paths are padded)."""
+        return self.depth_bound if self.depth_bound is not None else int(self.depths.max())
 
     @property
     def paths(self) -> torch.LongTensor:
@@ -110,6 +112,7 @@ def root_only_tree(root_tokens: torch.LongTensor, like: torch.Tensor) -> DraftTr
         ancestors=torch.ones(bsz, 1, 1, dtype=torch.bool, device=root_tokens.device),
         scores=like.new_zeros(bsz, 1),
         local_logp=like.new_zeros(bsz, 1),
+        depth_bound=0,
     )
 
 
@@ -221,7 +224,8 @@ def build_dynamic_tree(
     selected = torch.sort(order, dim=1).values  # depth-major: parents first (head candidates are numbered so)
     if chain_cand is not None:
         selected = _depth_major(selected, depths)
-    tree = _assemble(root_tokens, selected, tokens, parent, depths, score, local, tokens.shape[1])
+    bound = max(levels, chain.tokens.shape[1] if chain is not None else 0) if m else 0
+    tree = _assemble(root_tokens, selected, tokens, parent, depths, score, local, tokens.shape[1], bound)
     tree.extras.update(candidate_scores=score, selected=selected)
     if chain_cand is not None:
         node_of_cand = torch.full_like(tokens, -1)
@@ -243,11 +247,14 @@ class RoundBudget:
     verify_s: torch.Tensor
     draft_step_s: float
     overhead_s: float
+    early_stop: bool = True  # one host sync per depth: worth it on CPUs, where a sync costs nothing
 
     def worth_expanding(self, frontier_logv: torch.Tensor) -> bool:
         """One more depth yields at most sum(V) of the frontier expected tokens (children's probabilities sum
         to at most their parent's); worth it when that many tokens, at a plain step's cost each, beat the cost
-        of a head step. frontier_logv: (B, f). One host sync."""
+        of a head step. frontier_logv: (B, f). One host sync (none without early_stop)."""
+        if not self.early_stop:
+            return True
         gain = frontier_logv.exp().sum(dim=1).max()
         return bool(gain * self.verify_s[1] > self.draft_step_s)
 
@@ -312,28 +319,29 @@ def _merge_chain(chain, tokens, local, score, key, parent, depths):
     )
 
 
-def _assemble(root_tokens, selected, tokens, parent, depths, score, local, num_cand) -> DraftTree:
-    """Turns selected candidate ids (B, m), ascending, into a DraftTree with the root prepended."""
+def _assemble(root_tokens, selected, tokens, parent, depths, score, local, num_cand, depth_bound) -> DraftTree:
+    """Turns selected candidate ids (B, m), parents first, into a DraftTree with the root prepended.
+
+    Connectivity (every selected node's parent selected) holds by construction (keys never rise along a path,
+    ties go to the earlier candidate); `DraftTree.check` asserts it in the tests, not here: that is a host sync."""
     bsz, m = selected.shape
     device = selected.device
     node_of_cand = torch.full((bsz, num_cand), -1, dtype=torch.long, device=device)
     node_of_cand.scatter_(1, selected, torch.arange(1, m + 1, device=device).expand(bsz, m))
     cand_parent = parent.gather(1, selected)
     node_parent = torch.where(cand_parent < 0, 0, node_of_cand.gather(1, cand_parent.clamp(min=0)))
-    if not bool((node_parent >= 0).all()):
-        raise AssertionError("selected draft nodes do not form a connected tree")
     zeros_long = torch.zeros(bsz, 1, dtype=torch.long, device=device)
     zeros = torch.zeros(bsz, 1, dtype=score.dtype, device=device)
     parents = torch.cat([zeros_long - 1, node_parent], 1)
     node_depths = torch.cat([zeros_long, depths.gather(1, selected)], 1)
-    max_depth = int(node_depths.max()) if m else 0
     return DraftTree(
         tokens=torch.cat([root_tokens.view(bsz, 1), tokens.gather(1, selected)], 1),
         parents=parents,
         depths=node_depths,
-        ancestors=_ancestors_from_parents(parents, node_depths, max_depth),
+        ancestors=_ancestors_from_parents(parents, node_depths, depth_bound),
         scores=torch.cat([zeros, score.gather(1, selected)], 1),
         local_logp=torch.cat([zeros, local.gather(1, selected)], 1),
+        depth_bound=depth_bound,
     )
 
 
@@ -442,4 +450,5 @@ def build_static_tree(
         ancestors=anc.expand(bsz, n, n),
         scores=scores,
         local_logp=local,
+        depth_bound=spec.max_depth,
     )
