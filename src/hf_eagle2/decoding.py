@@ -380,8 +380,9 @@ def _check_supported(model, input_ids, generation_config, model_kwargs, logits_p
         )
     position_ids = model_kwargs.get("position_ids")
     default_ids = _default_position_ids(input_ids, model_kwargs) if position_ids is not None else None
-    if position_ids is not None and (
-        position_ids.shape[-1] != default_ids.shape[-1] or not bool((position_ids == default_ids).all())
+    if position_ids is not None and (  # generate may pass the uncached part's positions only: compare the tail
+        position_ids.shape[-1] > default_ids.shape[-1]
+        or not bool((position_ids == default_ids[..., -position_ids.shape[-1] :]).all())
     ):
         raise ValueError(
             "tree speculation computes position ids from the attention mask; custom position_ids are not supported"
@@ -400,9 +401,8 @@ def _default_position_ids(input_ids, model_kwargs) -> torch.LongTensor:
     mask = model_kwargs.get("attention_mask")
     if mask is not None:
         return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    cache = model_kwargs.get("cache")
-    past = cache.get_seq_length() if cache is not None else 0
-    return torch.arange(input_ids.shape[1] + past, device=input_ids.device).unsqueeze(0)
+    # input_ids is the whole sequence, also when a cache holds its start (multi-turn reuse)
+    return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
 
 
 def _rope_types(config) -> list[str]:
