@@ -9,6 +9,7 @@ from conftest import tiny_model
 from safetensors.torch import load_file, save_file
 
 from hf_eagle2 import EagleConfig, EagleDraftModel
+from hf_eagle2.bench import ForwardCounter  # counts target forwards (a hook on the decoder)
 
 
 def official_config(head: EagleDraftModel) -> dict:
@@ -120,15 +121,6 @@ def test_mismatched_target_is_rejected():
 def test_missing_folder_raises():
     with pytest.raises(OSError):
         EagleDraftModel.from_pretrained("/nonexistent/eagle-head", local_files_only=True)
-
-
-class ForwardCounter:
-    def __init__(self, model):
-        self.calls = 0
-        self.handle = model.register_forward_pre_hook(self._hook)
-
-    def _hook(self, *_):
-        self.calls += 1
 
 
 @pytest.mark.parametrize("tree", ["eagle2", None], ids=["tree", "stock"])

@@ -7,6 +7,7 @@ from conftest import tiny_model
 from transformers import CompileConfig, SynthIDTextWatermarkingConfig, WatermarkingConfig
 
 from hf_eagle2 import EagleDraftModel
+from hf_eagle2.bench import ForwardCounter  # counts target forwards (a hook on the decoder)
 from hf_eagle2.decoding import _check_supported
 
 REFUSED = {
@@ -26,15 +27,6 @@ REFUSED = {
 }
 
 
-class ForwardCounter:
-    def __init__(self, model):
-        self.calls = 0
-        self.handle = model.register_forward_pre_hook(self._hook)
-
-    def _hook(self, *_):
-        self.calls += 1
-
-
 @pytest.fixture(scope="module")
 def llama():
     model = tiny_model("llama", seed=1)
@@ -51,7 +43,7 @@ def test_refused_by_name_before_any_forward(llama, case):
         with pytest.raises((ValueError, NotImplementedError), match=name):
             model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=5, **kwargs)
     finally:
-        counter.handle.remove()
+        counter.close()
     assert counter.calls == 0
 
 
