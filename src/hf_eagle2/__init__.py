@@ -8,12 +8,13 @@
 from transformers import AutoConfig, AutoModel
 
 from .candidate_generator import EagleCandidateGenerator
-from .configuration_eagle import EagleConfig
+from .configuration_eagle import Eagle3Config, EagleConfig
 from .cpu_kernels import optimize_for_cpu
 from .decoding import EagleGenerateOutput, eagle_generate
 from .drafter import EagleDrafter, TreeOptions
 from .integration import register, unregister
 from .modeling_eagle import EagleDraftModel
+from .modeling_eagle3 import Eagle3DraftModel
 from .stats import EagleStats
 from .tree import EAGLE1_TREE, DraftTree, build_dynamic_tree, build_static_tree
 
@@ -23,6 +24,8 @@ __all__ = [
     "EAGLE1_TREE",
     "DraftTree",
     "EagleCandidateGenerator",
+    "Eagle3Config",
+    "Eagle3DraftModel",
     "EagleConfig",
     "EagleDrafter",
     "EagleDraftModel",
@@ -40,6 +43,8 @@ __all__ = [
 try:
     AutoConfig.register("eagle", EagleConfig)
     AutoModel.register(EagleConfig, EagleDraftModel)
+    AutoConfig.register("eagle3", Eagle3Config)
+    AutoModel.register(Eagle3Config, Eagle3DraftModel)
 except ValueError:  # already registered (module reloaded)
     pass
 

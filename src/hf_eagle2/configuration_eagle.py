@@ -80,3 +80,49 @@ class EagleConfig(LlamaConfig):
         params = self.rope_parameters or {}
         out["rope_scaling"] = None if params.get("rope_type", "default") == "default" else dict(params)
         return out
+
+
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+@strict
+class Eagle3Config(EagleConfig):
+    """Configuration of an EAGLE-3 draft head (official `config.json`: `architectures: ["LlamaForCausalLMEagle3"]`).
+
+    Adds to `EagleConfig`:
+
+    * `target_hidden_size` (default `None` = `hidden_size`): width of each of the three target hidden states
+      the `fc` layer reads (3 * target_hidden_size -> hidden_size);
+    * `feature_layer_ids` (default `None` = the official choice, see `Eagle3DraftModel.target_feature_ids`):
+      indices into the target's `hidden_states` tuple (0 = embeddings, i = input of decoder layer i).
+
+    `draft_vocab_size` is the row count of the head's own `lm_head` (`None` = the full vocabulary); `bias`
+    is unused (the EAGLE-3 `fc` has no bias).
+    """
+
+    model_type = "eagle3"
+
+    bias: bool = False
+    target_hidden_size: int | None = None
+    feature_layer_ids: list[int] | None = None
+
+    @classmethod
+    def from_official_dict(cls, raw: dict[str, Any]) -> "Eagle3Config":
+        config = super().from_official_dict(raw)
+        config.architectures = [EAGLE3_ARCHITECTURE]
+        return config
+
+    def to_official_dict(self) -> dict[str, Any]:
+        """The `config.json` the official EAGLE-3 code reads: Llama-style, `LlamaForCausalLMEagle3`."""
+        out = self.to_dict()
+        out["model_type"] = "llama"
+        out["architectures"] = [EAGLE3_ARCHITECTURE]
+        out["draft_vocab_size"] = self.draft_vocab_size or self.vocab_size
+        if out.get("target_hidden_size") is None:
+            out.pop("target_hidden_size", None)  # the official code tests for the key's presence
+        return out
+
+
+def is_eagle3_config(raw: dict[str, Any]) -> bool:
+    """Whether a raw `config.json` dict describes an EAGLE-3 head."""
+    return EAGLE3_ARCHITECTURE in (raw.get("architectures") or []) or raw.get("model_type") == "eagle3"

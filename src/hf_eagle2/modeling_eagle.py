@@ -177,6 +177,8 @@ class EagleDraftModel(PreTrainedModel):
     supports_gradient_checkpointing = False
     _no_split_modules = ["EagleDecoderLayer"]
     _supports_sdpa = True
+    _kind = "EAGLE-1/2"  # named in loading errors
+    _ignored = _IGNORED  # checkpoint tensors skipped on load
 
     def __init__(self, config: EagleConfig):
         super().__init__(config)
@@ -287,6 +289,20 @@ class EagleDraftModel(PreTrainedModel):
     def to_target_ids(self, draft_ids: torch.LongTensor) -> torch.LongTensor:
         """Maps draft-vocabulary indices to target token ids."""
         return draft_ids if self.d2t is None else self.d2t[draft_ids]
+
+    # ------------------------------------------------------------------ target features
+    def target_feature_ids(self, target: PreTrainedModel) -> tuple[int, ...]:
+        """Indices into `target`'s `hidden_states` whose concatenation is this head's target feature.
+
+        EAGLE-1/2: the final hidden state (after the final norm) alone. The target forward returns only these."""
+        return (-1,)
+
+    def project_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features as the target forward returns them -> the head's feature input (B, T, H).
+
+        The drafter calls this once per feature when it is queued; the head's own outputs, fed back at depth
+        >= 2, never pass through it. EAGLE-1/2: the identity (the target's final hidden state is the feature)."""
+        return features
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -404,12 +420,15 @@ class EagleDraftModel(PreTrainedModel):
         path = str(pretrained_model_name_or_path)
         if isinstance(config, EagleConfig):
             config = copy.deepcopy(config)
-        elif isinstance(config, PreTrainedConfig):  # an official head's Llama-style config
-            config = EagleConfig.from_official_dict(config.to_dict())
         else:
-            config_file = cached_file(str(config) if config is not None else path, "config.json", **hub)
-            with open(config_file, encoding="utf-8") as f:
-                config = EagleConfig.from_official_dict(json.load(f))
+            if isinstance(config, PreTrainedConfig):  # an official head's Llama-style config
+                raw = config.to_dict()
+            else:
+                config_file = cached_file(str(config) if config is not None else path, "config.json", **hub)
+                with open(config_file, encoding="utf-8") as f:
+                    raw = json.load(f)
+            config = _config_class(raw).from_official_dict(raw)
+        cls = _model_class(cls, config)
         weights_file = cached_file(path, "model.safetensors", _raise_exceptions_for_missing_entries=False, **hub)
         if weights_file is not None:
             from safetensors.torch import load_file
@@ -432,13 +451,13 @@ class EagleDraftModel(PreTrainedModel):
 
     def load_head_state_dict(self, state: dict[str, torch.Tensor], source: str = "state dict") -> None:
         """Strictly loads official-layout tensors; ignores `embed_tokens.weight` and RoPE buffers."""
-        state = {k: v for k, v in state.items() if not _IGNORED.match(k)}
+        state = {k: v for k, v in state.items() if not self._ignored.match(k)}
         expected = set(self.state_dict())
         unexpected = sorted(set(state) - expected)
         missing = sorted(expected - set(state))
         if unexpected or missing:
             raise ValueError(
-                f"{source} does not hold an EAGLE-1/2 head of this config: unexpected tensors {unexpected}, "
+                f"{source} does not hold an {self._kind} head of this config: unexpected tensors {unexpected}, "
                 f"missing tensors {missing}. Expected names: {sorted(expected)}"
             )
         for name, tensor in self.state_dict().items():
@@ -447,6 +466,10 @@ class EagleDraftModel(PreTrainedModel):
                     f"{source}: tensor {name} has shape {tuple(state[name].shape)}, config expects {tuple(tensor.shape)}"
                 )
         self.load_state_dict(state, strict=True)
+        self._check_loaded(source)
+
+    def _check_loaded(self, source: str) -> None:
+        """Consistency checks of the loaded tensors beyond names and shapes (none for EAGLE-1/2)."""
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """Writes `config.json` and `model.safetensors` (no embeddings; official tensor names)."""
@@ -465,6 +488,30 @@ class EagleDraftModel(PreTrainedModel):
 
     def num_head_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def _config_class(raw: dict) -> type[EagleConfig]:
+    """The config class of a raw `config.json` dict: `Eagle3Config` for EAGLE-3 heads, else `EagleConfig`."""
+    from .configuration_eagle import Eagle3Config, is_eagle3_config
+
+    return Eagle3Config if is_eagle3_config(raw) else EagleConfig
+
+
+def _model_class(requested: type, config: EagleConfig) -> type:
+    """`EagleDraftModel.from_pretrained` loads EAGLE-3 heads as `Eagle3DraftModel`; a mismatch the other way fails."""
+    from .configuration_eagle import Eagle3Config
+    from .modeling_eagle3 import Eagle3DraftModel
+
+    if isinstance(config, Eagle3Config):
+        if not issubclass(Eagle3DraftModel, requested):
+            raise ValueError(f"this folder holds an EAGLE-3 head; {requested.__name__} cannot load it")
+        return Eagle3DraftModel
+    if issubclass(requested, Eagle3DraftModel):
+        raise ValueError(
+            "this folder holds an EAGLE-1/2 head (its config.json does not name LlamaForCausalLMEagle3): "
+            "load it with EagleDraftModel.from_pretrained"
+        )
+    return requested
 
 
 def _is_model_id(name) -> bool:

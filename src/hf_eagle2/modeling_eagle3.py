@@ -1,0 +1,265 @@
+"""`Eagle3DraftModel`: the EAGLE-3 draft head.
+
+    target features  f_t = concat(h_low, h_mid, h_high)_t            (B, T, 3 * H_target)
+    depth 1:         g_t = fc(f_t)                                   (3 * H_target -> H, no bias)
+    depth >= 2:      g   = the head's own output at the parent (pre-norm), fed back as is (no fc)
+    layer:           x = concat(input_layernorm(embed(token_{t+1})), hidden_norm(g_t))   (2H wide)
+                     h = g_t + o_proj(attn(q/k/v_proj(x)))          (q/k/v take 2H)
+                     out = h + mlp(post_attention_layernorm(h))
+    logits:          lm_head(norm(out)) over the draft vocabulary; draft id i is target id i + d2t[i]
+
+Why a sibling class (a subclass of `EagleDraftModel`) and not a config switch: the module tree differs
+(`midlayer` with two input norms and 2H-wide projections, a final `norm`, an own `lm_head`, `t2d`), the
+vocabulary map has other semantics (official `d2t` holds offsets, EAGLE-1/2 heads here store target ids) and
+the target features differ; a switch would put a branch into every method of the EAGLE-1/2 head. As a subclass
+it still is an `EagleDraftModel` to `generate`, the drafter and the tree builders, which only use the shared
+interface: `bind`, `embed`, `forward(tokens, features, positions, mask, cache)`, `draft_logits`,
+`to_target_ids`, plus the two feature hooks `target_feature_ids` and `project_features`.
+
+Target features. Official EAGLE-3 collects, in one target forward, the input of decoder layers 2, L // 2 and
+L - 3 (L = number of target layers), i.e. entries 2, L // 2, L - 3 of transformers' `hidden_states` tuple
+(entry 0 = embeddings), concatenated in layer order. `target_feature_ids` returns them (sorted; for L >= 7 that
+is the official order; smaller toy models get the same formula, duplicates allowed), and `target.py` asks the
+target forward for exactly those entries (`output_hidden_states=[...]`, transformers 5 records only the
+selected layers), so verification needs no second pass.
+
+Feed-back. The head's output before `norm` is both the input of `norm` + `lm_head` and the feature of the next
+depth. Target features are 3H wide, the head's own H wide; rather than telling them apart by width inside
+`forward` (as the official code does), the drafter calls `project_features` once when it queues target
+features, so `forward` always takes H-wide features.
+
+Checkpoints: the official layout (`fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`,
+`config.json` with `architectures: ["LlamaForCausalLMEagle3"]`, `draft_vocab_size`, optional
+`target_hidden_size`), read strictly and written back by `save_pretrained`. When `target_hidden_size` differs
+from `hidden_size`, the head cannot borrow the target's embeddings and carries its own `embed_tokens.weight`
+(as official heads for such targets do); otherwise a shipped `embed_tokens.weight` is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from .configuration_eagle import Eagle3Config
+from .cpu_kernels import is_optimized, optimize_for_cpu
+from .modeling_eagle import EagleAttention, EagleDraftModel, HeadKV, KVCache, _TargetBinding
+
+
+class Eagle3Attention(EagleAttention):
+    """`EagleAttention` whose q/k/v projections read the 2H-wide concat(embedding, feature)."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__(config)
+        width, bias = 2 * config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(width, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=bias)
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """The EAGLE-3 `midlayer`: norms the embedding and the feature apart, attends over both, residual = feature."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.self_attn = Eagle3Attention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, embeds, features, cos_sin, attention_mask, past_key_value):
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(features)], dim=-1)
+        attn, new_kv = self.self_attn(x, cos_sin, attention_mask, past_key_value)
+        h = features + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), new_kv
+
+
+class Eagle3DraftModel(EagleDraftModel):
+    """EAGLE-3 draft head. Load with `from_pretrained` (`EagleDraftModel.from_pretrained` dispatches here)."""
+
+    config_class = Eagle3Config
+    base_model_prefix = "eagle3"
+    _no_split_modules = ["Eagle3DecoderLayer"]
+    _kind = "EAGLE-3"
+    _ignored = re.compile(r"^(.*rotary_emb\.inv_freq)$")
+
+    def __init__(self, config: Eagle3Config):
+        PreTrainedModel.__init__(self, config)  # not EagleDraftModel.__init__: another module tree
+        target_hidden = config.target_hidden_size or config.hidden_size
+        num_draft = config.draft_vocab_size or config.vocab_size
+        self.fc = nn.Linear(3 * target_hidden, config.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(config)
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, num_draft, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        # own embeddings only when the target's are of another width (official heads ship them then)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if self.owns_embeddings else None
+        self.register_buffer("d2t", torch.zeros(num_draft, dtype=torch.long))  # draft id i -> target id i + d2t[i]
+        t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+        t2d[:num_draft] = True
+        self.register_buffer("t2d", t2d)  # target ids the draft vocabulary holds
+        self._binding: _TargetBinding | None = None
+        self.post_init()
+
+    @property
+    def owns_embeddings(self) -> bool:
+        c = self.config
+        return c.target_hidden_size is not None and c.target_hidden_size != c.hidden_size
+
+    @property
+    def target_hidden_size(self) -> int:
+        return self.config.target_hidden_size or self.config.hidden_size
+
+    # ------------------------------------------------------------------ vocabulary
+    def set_draft_vocab(self, token_ids: torch.LongTensor | None) -> "Eagle3DraftModel":
+        raise NotImplementedError(
+            "an EAGLE-3 head scores its draft vocabulary with its own trained lm_head: it cannot be changed"
+        )
+
+    def to_target_ids(self, draft_ids: torch.LongTensor) -> torch.LongTensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) head outputs -> (..., N) logits over the draft vocabulary (own norm and lm_head)."""
+        return self.lm_head(self.norm(hidden))
+
+    def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        if self.embed_tokens is not None:
+            return self.embed_tokens(input_ids)
+        return self.binding.embed_tokens(input_ids)
+
+    # ------------------------------------------------------------------ target
+    def bind(self, target: PreTrainedModel) -> "Eagle3DraftModel":
+        """Borrows `target`'s input embeddings (unless the head has its own); moves the head to the device and
+        dtype of the target's lm_head. The head's own lm_head scores the drafts."""
+        head = target.get_output_embeddings()
+        if head is None or not hasattr(head, "weight"):
+            raise ValueError(f"{type(target).__name__} has no output embeddings (lm_head)")
+        weight = head.weight
+        b = self._binding
+        if b is not None and b.target_id == id(target) and b.source_weight is weight:
+            return self
+        tc = target.config.get_text_config()
+        if tc.hidden_size != self.target_hidden_size:
+            raise ValueError(
+                f"This EAGLE-3 head reads target hidden states of width {self.target_hidden_size}, but "
+                f"{type(target).__name__} has hidden size {tc.hidden_size}: this head was trained for another model."
+            )
+        if tc.vocab_size != self.config.vocab_size:
+            raise ValueError(
+                f"EAGLE-3 head vocabulary size {self.config.vocab_size} differs from the target's {tc.vocab_size}: "
+                "the head and target must share a tokenizer."
+            )
+        self.target_feature_ids(target)  # validates the layer ids against the target's depth
+        if self.fc.weight.device != weight.device or self.fc.weight.dtype != weight.dtype:
+            self.to(device=weight.device, dtype=weight.dtype)
+        if is_optimized(self):  # the oneDNN path is wired for the EAGLE-1/2 head's borrowed lm_head only
+            optimize_for_cpu(self, enable=False)
+        self._binding = _TargetBinding(id(target), target.get_input_embeddings(), self.lm_head.weight, None, weight)
+        return self
+
+    def target_feature_ids(self, target: PreTrainedModel) -> tuple[int, ...]:
+        """Entries of `target`'s `hidden_states` tuple concatenated into the feature: `config.feature_layer_ids`,
+        or officially the inputs of decoder layers 2, L // 2 and L - 3 (entry i = input of layer i)."""
+        num_layers = target.config.get_text_config().num_hidden_layers
+        ids = self.config.feature_layer_ids
+        if ids is None:
+            ids = sorted([2, num_layers // 2, num_layers - 3])
+        ids = tuple(int(i) for i in ids)
+        if len(ids) != 3 or not all(0 <= i < num_layers for i in ids):
+            raise ValueError(
+                f"EAGLE-3 reads three target hidden states, entries in [0, {num_layers}) of hidden_states; got {ids} "
+                f"for a target of {num_layers} layers (the default 2, L // 2, L - 3 needs L >= 3)"
+            )
+        return ids
+
+    def project_features(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, T, 3 * H_target) concatenated target hidden states -> (B, T, H) through `fc`."""
+        if features.shape[-1] != self.fc.in_features:
+            raise ValueError(
+                f"EAGLE-3 target features must be {self.fc.in_features} wide (three hidden states), got "
+                f"{features.shape[-1]}: was the target run with this head's target_feature_ids?"
+            )
+        return self.fc(features.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype))
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None,
+        features: torch.Tensor,
+        position_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_value: KVCache | HeadKV | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, KVCache | HeadKV]:
+        """One head step over T pairs (feature_t, token_{t+1}); features (B, T, H): `project_features` of the
+        target's, or the head's own outputs. Returns the pre-norm outputs (B, T, H) and the cache (see
+        `EagleDraftModel.forward`)."""
+        if inputs_embeds is None:
+            inputs_embeds = self.embed(input_ids)
+        embeds = inputs_embeds.to(features.dtype)
+        cos_sin = self.rotary_emb(features, position_ids)
+        return self.midlayer(embeds, features, cos_sin, attention_mask, past_key_value)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_target(cls, target: PreTrainedModel, *, draft_vocab: torch.LongTensor | None = None,
+                    seed: int | None = None, **overrides) -> "Eagle3DraftModel":  # fmt: skip
+        """A randomly initialised EAGLE-3 head sized to `target` and bound to it (tests; training later).
+
+        draft_vocab: optional (N,) increasing target ids of the draft vocabulary (sets d2t and t2d)."""
+        base = EagleDraftModel.config_for_target(target).to_dict()
+        for key in ("model_type", "architectures", "transformers_version", "rope_theta", "rope_scaling", "bias"):
+            base.pop(key, None)
+        if draft_vocab is not None:
+            base["draft_vocab_size"] = int(draft_vocab.numel())
+        base.update(overrides)
+        config = Eagle3Config(**base)
+        config.architectures = ["LlamaForCausalLMEagle3"]
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = cls(config)
+        if draft_vocab is not None:
+            ids = torch.as_tensor(draft_vocab, dtype=torch.long).flatten()
+            if not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0 or int(ids[-1]) >= config.vocab_size:
+                raise ValueError("draft_vocab must be increasing target ids in [0, vocab_size)")
+            model.d2t.copy_(ids - torch.arange(ids.numel()))
+            model.t2d.zero_()
+            model.t2d[ids] = True
+        weight = target.get_output_embeddings().weight
+        model.to(device=weight.device, dtype=weight.dtype)
+        return model.bind(target).eval()
+
+    # ------------------------------------------------------------------ loading and saving
+    def _check_loaded(self, source: str) -> None:
+        """d2t must map the draft vocabulary one to one onto the target ids t2d marks."""
+        n = self.d2t.numel()
+        ids = torch.arange(n, device=self.d2t.device) + self.d2t
+        if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"{source}: d2t maps draft tokens outside the target vocabulary [0, {self.config.vocab_size})")
+        if ids.unique().numel() != n:
+            raise ValueError(f"{source}: d2t maps two draft tokens to the same target token")
+        if int(self.t2d.sum()) != n or not bool(self.t2d[ids].all()):
+            raise ValueError(
+                f"{source}: d2t and t2d disagree: t2d marks {int(self.t2d.sum())} target tokens, d2t maps the "
+                f"{n} draft tokens to target ids of which {int((~self.t2d[ids]).sum())} are not marked"
+            )
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """Writes the official layout: `config.json` (LlamaForCausalLMEagle3) and `model.safetensors`."""
+        from safetensors.torch import save_file
+
+        if kwargs.pop("push_to_hub", False):
+            raise NotImplementedError("push_to_hub is not wired for EAGLE-3 heads yet: save, then upload the folder")
+        os.makedirs(save_directory, exist_ok=True)
+        with open(os.path.join(save_directory, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(self.config.to_official_dict(), f, indent=2, sort_keys=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, os.path.join(save_directory, "model.safetensors"), metadata={"format": "pt"})
