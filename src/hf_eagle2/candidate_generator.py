@@ -15,6 +15,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from .drafter import EagleDrafter, TreeOptions
 from .modeling_eagle import EagleDraftModel
+from .target import hidden_states_request, select_features
 
 
 class EagleCandidateGenerator(CandidateGenerator):
@@ -27,7 +28,8 @@ class EagleCandidateGenerator(CandidateGenerator):
         self.drafter = EagleDrafter(draft, target_model, replace(options, tree="chain").resolved(device))
         self.options = self.drafter.options
         self.max_length = max_length
-        self.model_kwargs_overrides = {"output_hidden_states": -1}
+        self.feature_ids = draft.target_feature_ids(target_model)
+        self.model_kwargs_overrides = {"output_hidden_states": hidden_states_request(self.feature_ids)}
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs: Any) -> tuple[torch.LongTensor, None]:
         """Called with `model_outputs`, `is_first_iteration`, `n_last_matches` by the stock loop; returns
@@ -37,7 +39,7 @@ class EagleCandidateGenerator(CandidateGenerator):
         if input_ids.shape[0] != 1:
             raise ValueError("the stock assisted-decoding loop supports batch size 1 only")
         drafter = self.drafter
-        hidden = kwargs["model_outputs"].hidden_states[-1]
+        hidden = select_features(kwargs["model_outputs"].hidden_states, self.feature_ids)
         fresh = drafter.fed == 0 and not drafter.pending
         new = hidden if fresh else hidden[:, : kwargs.get("n_last_matches", 0) + 1]
         drafter.add_features(new.to(drafter.draft.fc.weight.device))

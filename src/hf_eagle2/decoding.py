@@ -61,7 +61,7 @@ def eagle_generate(
 ):
     """Tree-speculative decoding (greedy or sampling); the `custom_generate` body behind `generate(..., tree=...)`."""
     _check_supported(model, input_ids, generation_config, model_kwargs, logits_processor, synced_gpus)
-    target = TargetModel(model)
+    target = TargetModel(model, feature_ids=draft.target_feature_ids(model))  # the head's features, same forward
     cache = model_kwargs.get("cache")
     if cache is None:
         cache = DynamicCache(config=model.config)

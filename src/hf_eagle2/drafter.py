@@ -128,8 +128,12 @@ class EagleDrafter:
 
     # ------------------------------------------------------------------ context
     def add_features(self, features: torch.Tensor, valid: torch.BoolTensor | None = None) -> None:
-        """Queue target features (B, T, H) of the next T accepted slots (valid: (B, T), False for holes)."""
-        self.pending.append(features)
+        """Queue target features (B, T, F) of the next T accepted slots (valid: (B, T), False for holes).
+
+        F is whatever the target forward returned for the head (`target_feature_ids`); the head projects them
+        to its own width here, once (`project_features`: the identity for EAGLE-1/2, `fc` for EAGLE-3)."""
+        with self._timed():
+            self.pending.append(self.draft.project_features(features))
         self.pending_valid.append(valid)
 
     def discard_pending(self) -> None:

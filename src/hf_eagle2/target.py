@@ -30,16 +30,21 @@ _KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def causal_lm_forward(
-    model: PreTrainedModel, input_ids, position_ids, attention_mask, cache: Cache | None, logits_to_keep: int = 0
+    model: PreTrainedModel, input_ids, position_ids, attention_mask, cache: Cache | None, logits_to_keep: int = 0,
+    feature_ids: tuple[int, ...] = (-1,),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of the causal LM itself.
 
     input_ids, position_ids: (B, T); attention_mask: 2D (B, S), 4D additive (B, 1, T, S) (or a dict of them per
     layer type) or None. Returns (features (B, T, H): the final hidden state at every position, logits (B, K, V)
     float32 for the last K = logits_to_keep positions, all T if 0).
+
+    feature_ids: the entries of the `hidden_states` tuple the features concatenate, (B, T, len * H); the
+    default (-1,) is the final hidden state (EAGLE-1/2), EAGLE-3 heads ask for three (`target_feature_ids`).
+    transformers records only the selected entries (`output_hidden_states` takes indices), in this one forward.
     """
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                  use_cache=cache is not None, output_hidden_states=-1)  # fmt: skip
+                  use_cache=cache is not None, output_hidden_states=hidden_states_request(feature_ids))  # fmt: skip
     keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
     if keeps:
         inputs["logits_to_keep"] = logits_to_keep
@@ -48,14 +53,29 @@ def causal_lm_forward(
         raise NotImplementedError(f"{type(model).__name__} returns no hidden states: the draft head has no features")
     logits = out.logits if keeps or not logits_to_keep else out.logits[:, -logits_to_keep:]
     # as `generate` does: float32, on the device of the tokens
-    return out.hidden_states[-1], logits.to(dtype=torch.float32, device=input_ids.device)
+    return select_features(out.hidden_states, feature_ids), logits.to(dtype=torch.float32, device=input_ids.device)
+
+
+def hidden_states_request(feature_ids: tuple[int, ...]) -> int | list[int]:
+    """The `output_hidden_states` value that records just `feature_ids` (an int for one, as before)."""
+    return feature_ids[0] if len(feature_ids) == 1 else list(feature_ids)
+
+
+def select_features(hidden_states: tuple, feature_ids: tuple[int, ...]) -> torch.Tensor:
+    """The `feature_ids` entries of a `hidden_states` tuple (unselected entries are None), concatenated."""
+    parts = [hidden_states[i] for i in feature_ids]
+    if any(p is None for p in parts):
+        raise NotImplementedError(f"the target returned no hidden states at {list(feature_ids)}: no draft features")
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 class TargetModel:
     """A thin view of a causal LM for tree verification: its forward, dtype/device and attention layout."""
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, feature_ids: tuple[int, ...] = (-1,)):
+        """feature_ids: the hidden states the forward returns as features (the draft head's `target_feature_ids`)."""
         self.model = model
+        self.feature_ids = tuple(feature_ids)
         self.config = model.config.get_text_config()
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         if impl not in TREE_MASK_ATTENTION:
@@ -98,8 +118,10 @@ class TargetModel:
         A model that transforms the hidden state after its final norm still gets exact logits, but its draft head
         features are not what EAGLE assumes, so drafts may be accepted less often: that is logged, not refused.
         """
-        if self._features_checked:
-            return causal_lm_forward(self.model, input_ids, position_ids, attention_mask, cache, logits_to_keep)
+        if self._features_checked or self.feature_ids != (-1,):  # the check is about the final hidden state
+            return causal_lm_forward(
+                self.model, input_ids, position_ids, attention_mask, cache, logits_to_keep, self.feature_ids
+            )
         seen = []
         handle = self.lm_head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
         try:
