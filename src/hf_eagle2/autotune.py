@@ -110,7 +110,7 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
     verify_s = [max(verify_s[: i + 1]) for i in range(len(verify_s))]  # a larger tree never costs less
     # one head step: k tokens on top of the prefix, their logits and top-k
     draft.bind(model)
-    hidden = tc.hidden_size
+    hidden = draft.config.hidden_size  # the head's feature width (EAGLE-3 heads may differ from the target's)
     k_ctx = draft(prefix[:, 1:], torch.randn(1, prefix_len - 1, hidden, generator=rng).to(device, draft.fc.weight.dtype),
                   torch.arange(prefix_len - 1, device=device).unsqueeze(0))[1]  # fmt: skip
     times = []
