@@ -201,8 +201,10 @@ def test_save_pretrained_round_trip(tmp_path, head_dir):
 def test_full_draft_vocabulary_and_own_embeddings(tmp_path, target):
     """draft_vocab_size = vocab (d2t all zero); a target_hidden_size other than hidden_size brings embed_tokens."""
     state = official_eagle3_state(draft_ids=torch.arange(V))
+    state["d2t"][3] = 7  # as in the official code, a full draft vocabulary does not consult d2t
     folder = write_official(tmp_path / "full", state, official_eagle3_config(draft_vocab_size=V))
     head = EagleDraftModel.from_pretrained(folder)
+    assert torch.equal(head.to_target_ids(torch.arange(V)), torch.arange(V))
     ids = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(5))
     assert torch.equal(target.generate(ids, do_sample=False, max_new_tokens=16, assistant_model=head, tree="eagle2"),
                        target.generate(ids, do_sample=False, max_new_tokens=16))  # fmt: skip

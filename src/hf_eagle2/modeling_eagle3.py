@@ -123,8 +123,13 @@ class Eagle3DraftModel(EagleDraftModel):
             "an EAGLE-3 head scores its draft vocabulary with its own trained lm_head: it cannot be changed"
         )
 
+    @property
+    def full_vocab(self) -> bool:
+        """Whether the draft vocabulary is the target's: then, as in the official code, d2t is not consulted."""
+        return self.d2t.numel() == self.config.vocab_size
+
     def to_target_ids(self, draft_ids: torch.LongTensor) -> torch.LongTensor:
-        return draft_ids + self.d2t[draft_ids]
+        return draft_ids if self.full_vocab else draft_ids + self.d2t[draft_ids]
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) head outputs -> (..., N) logits over the draft vocabulary (own norm and lm_head)."""
@@ -239,7 +244,9 @@ class Eagle3DraftModel(EagleDraftModel):
 
     # ------------------------------------------------------------------ loading and saving
     def _check_loaded(self, source: str) -> None:
-        """d2t must map the draft vocabulary one to one onto the target ids t2d marks."""
+        """d2t must map the draft vocabulary one to one onto the target ids t2d marks (unless it is the full one)."""
+        if self.full_vocab:
+            return
         n = self.d2t.numel()
         ids = torch.arange(n, device=self.d2t.device) + self.d2t
         if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
