@@ -33,7 +33,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) -m hf_eagle2.cli bench --dataset mtbench,humaneval --limit 5 --max-new-tokens 256 --methods plain,prompt_lookup,assisted_chain,eagle1,eagle2,eagle2_auto,eagle2_no_value,eagle2_no_rerank,eagle2_neither,eagle2_paper,eagle2_full_vocab --out runs/bench/results.json --readme README.md
+	$(PY) -m hf_eagle2.cli bench --dataset mtbench,humaneval --limit 10 --max-new-tokens 256 --methods plain,plain_stock,prompt_lookup,assisted_chain,eagle2,eagle2_ngram,eagle2_fixed --out runs/bench/results.json --readme README.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache
