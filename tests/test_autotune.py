@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_eagle2.autotune import CostModel
-from hf_eagle2.drafter import AUTO_MAX_DEPTH, AUTO_MAX_TOKENS, TreeOptions
+from hf_eagle2.drafter import AUTO_MAX_DEPTH, AUTO_MAX_TOKENS, DEFAULT_CPU_NGRAM, TreeOptions
 from hf_eagle2.tree import RoundBudget
 
 COST = CostModel(verify_q=[1, 3, 5, 9], verify_s=[0.040, 0.045, 0.050, 0.070], draft_step_s=0.005, overhead_s=0.0)
@@ -45,7 +45,12 @@ def test_tree_options_auto_resolution():
     opts = TreeOptions()
     assert opts.per_round_budget
     cpu = opts.resolved(torch.device("cpu"))
-    assert (cpu.total_tokens, cpu.depth, cpu.top_k) == (AUTO_MAX_TOKENS, 6, 4)
+    assert (cpu.total_tokens, cpu.depth, cpu.top_k, cpu.ngram) == (AUTO_MAX_TOKENS, 6, 4, DEFAULT_CPU_NGRAM)
+    gpu = opts.resolved(torch.device("cuda"))  # resolution only reads the device type; no GPU needed
+    assert (gpu.top_k, gpu.ngram) == (10, 0)
+    assert TreeOptions(tree="chain").resolved(torch.device("cpu")).ngram == 0  # the branch needs a dynamic tree
+    assert TreeOptions(rerank=False).resolved(torch.device("cpu")).ngram == 0
+    assert TreeOptions(ngram=0).resolved(torch.device("cpu")).ngram == 0
     assert TreeOptions(depth="auto").resolved(torch.device("cpu")).depth == AUTO_MAX_DEPTH
     assert not TreeOptions(total_tokens=16).per_round_budget
     with pytest.raises(ValueError, match="tree_depth='auto'"):

@@ -6,10 +6,10 @@ import os
 import pytest
 
 from hf_eagle2 import cli
-from hf_eagle2.bench import Run, summarize, update_readme
+from hf_eagle2.bench import Run, parse_limit, summarize, update_readme
 
 SHIPPED_HEAD = os.path.join(os.path.dirname(__file__), "..", "model_cards", "smollm2-135m-instruct-eagle2")
-SMOKE_METHODS = ["plain", "plain_stock", "prompt_lookup", "assisted_chain", "eagle1", "eagle2", "eagle2_ngram",
+SMOKE_METHODS = ["plain", "plain_stock", "prompt_lookup", "assisted_chain", "eagle1", "eagle2", "eagle2_no_ngram",
                  "eagle2_fixed", "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither", "eagle2_full_vocab"]  # fmt: skip
 
 
@@ -17,14 +17,14 @@ def test_bench_smoke_on_smollm2(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# title\n\n<!-- RESULTS -->\nold table\n<!-- /RESULTS -->\n\n## more\n")
     out = tmp_path / "results.json"
-    argv = ["bench", "--dataset", "mtbench,humaneval", "--limit", "2", "--max-new-tokens", "16", "--draft", SHIPPED_HEAD,
+    argv = ["bench", "--dataset", "mtbench,humaneval", "--limit", "mtbench=2,humaneval=1", "--max-new-tokens", "16", "--draft", SHIPPED_HEAD,
             "--methods", ",".join(SMOKE_METHODS), "--out", str(out), "--readme", str(readme), "--threads",
             os.environ.get("HF_EAGLE2_TEST_THREADS", "2")]  # fmt: skip
     assert cli.main(argv) == 0
     results = json.loads(out.read_text())
     assert results["all_identical"] is True
     assert results["meta"]["methods"] == SMOKE_METHODS and results["meta"]["commit"] is not None
-    for ds, runs in (("mtbench", 4), ("humaneval", 2)):  # MT-bench: 2 questions x 2 turns
+    for ds, runs in (("mtbench", 4), ("humaneval", 1)):  # MT-bench: 2 questions x 2 turns
         table = results["results"][ds]
         assert set(table) == set(SMOKE_METHODS)
         for m, r in table.items():
@@ -82,3 +82,10 @@ def test_update_readme_needs_its_marker(tmp_path):
     readme.write_text("no marker here\n")
     with pytest.raises(ValueError, match="RESULTS"):
         update_readme(str(readme), "table")
+
+
+def test_limit_per_dataset():
+    assert parse_limit(None) is None and parse_limit("5") == 5
+    assert parse_limit("mtbench=10,humaneval=20") == {"mtbench": 10, "humaneval": 20}
+    with pytest.raises(ValueError, match="mtbench=10,humaneval=20"):
+        parse_limit("mtbench=ten")

@@ -32,8 +32,8 @@ from .evaluation import Prompt, chat_input_ids, load_prompts
 
 # name -> generate kwargs; FIXED marks the methods that get the fixed tree of `tree_params` (m, depth, k)
 TREE_METHODS = {
-    "eagle2": dict(tree="eagle2"),  # the defaults: every round sized by the measured cost curve
-    "eagle2_ngram": dict(tree="eagle2", tree_ngram=8),  # defaults + an n-gram (prompt lookup) branch
+    "eagle2": dict(tree="eagle2"),  # the defaults: rounds sized by the cost curve (+ the n-gram branch on CPU)
+    "eagle2_no_ngram": dict(tree="eagle2", tree_ngram=0),  # the defaults without the n-gram (prompt lookup) branch
     "eagle2_auto_depth": dict(tree="eagle2", tree_depth="auto"),
     "eagle2_fixed": dict(tree="eagle2"),  # FIXED: m, depth, k of tree_params
     "eagle2_m8": dict(tree="eagle2", tree_total_tokens=8),
@@ -50,7 +50,7 @@ FIXED = ("eagle2_fixed", "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither"
 # per-round time split reported by the bench: column -> EagleStats attribute (seconds)
 SPLIT_STATS = {"draft": "draft_model_s", "tree": "tree_build_s", "verify": "verify_s", "bookkeeping": "bookkeeping_s"}
 ALL_METHODS = ("plain", "plain_stock", "prompt_lookup", "assisted_chain", *TREE_METHODS)
-DEFAULT_METHODS = ("plain", "plain_stock", "prompt_lookup", "assisted_chain", "eagle2", "eagle2_ngram", "eagle2_fixed")
+DEFAULT_METHODS = ("plain", "plain_stock", "prompt_lookup", "assisted_chain", "eagle2", "eagle2_no_ngram", "eagle2_fixed")
 
 
 class ForwardCounter:
@@ -145,8 +145,24 @@ def mark_divergence(run: Run, seq: torch.Tensor, reference: torch.Tensor, prompt
     run.diverged_at = (int(diff[0]) if diff.numel() else n) - prompt_len
 
 
-def bench_prompts(dataset: str, limit: int | None) -> list[Prompt]:
-    return load_prompts(dataset, limit)
+def bench_prompts(dataset: str, limit: int | dict[str, int] | None) -> list[Prompt]:
+    """limit: one cap for every dataset, or a cap per dataset name (missing names: no cap)."""
+    return load_prompts(dataset, limit.get(dataset) if isinstance(limit, dict) else limit)
+
+
+def parse_limit(text: str | None) -> int | dict[str, int] | None:
+    """`--limit` text: "5" (every dataset) or "mtbench=10,humaneval=20" (per dataset)."""
+    if text is None or not text.strip():
+        return None
+    if "=" not in text:
+        return int(text)
+    caps = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise ValueError(f"--limit takes N or name=N,name=N (e.g. mtbench=10,humaneval=20), got {text!r}")
+        caps[name.strip()] = int(value)
+    return caps
 
 
 def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT_METHODS, limit=None,

@@ -109,7 +109,7 @@ def cmd_eval_head(args) -> None:
 
 def cmd_bench(args) -> None:
     from .assets import load_model
-    from .bench import markdown, readme_section, run_bench, update_readme, write_outputs
+    from .bench import markdown, parse_limit, readme_section, run_bench, update_readme, write_outputs
 
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
@@ -126,7 +126,7 @@ def cmd_bench(args) -> None:
         return
     params = {"m": args.tree_total_tokens, "depth": args.tree_depth, "k": args.tree_top_k, "chain_depth": args.chain_depth}
     results = run_bench(
-        model, tokenizer, draft, datasets=args.dataset.split(","), limit=args.limit,
+        model, tokenizer, draft, datasets=args.dataset.split(","), limit=parse_limit(args.limit),
         **({"methods": args.methods.split(",")} if args.methods else {}),
         max_new_tokens=args.max_new_tokens, tree_params=params, threads=args.threads, second_turn=not args.first_turn_only,
         kernels=args.kernels,
@@ -272,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", default=DEFAULT_HEAD)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--dataset", default="mtbench", help="comma list of mtbench, humaneval, builtin")
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--limit", default=None,
+                   help="prompts per dataset: N, or per name (mtbench=10,humaneval=20); MT-bench counts questions")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--methods", default=None, help="comma list (default: bench.DEFAULT_METHODS)")
     _tree_args(p, total=16, depth=6, top_k=4)
@@ -315,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="float32")
     _tree_args(p, total="auto", depth=6, top_k=None)
-    p.add_argument("--tree-ngram", type=int, default=8, help="n-gram branch length (0: none)")
+    p.add_argument("--tree-ngram", type=int, default=None, help="n-gram branch length (0: none; default: 8 on CPU)")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_demo)
     return parser

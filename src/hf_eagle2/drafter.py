@@ -36,6 +36,7 @@ TREE_KINDS = ("eagle2", "eagle1", "chain")
 
 AUTO_MAX_TOKENS = 60  # tree_total_tokens="auto": the most nodes a round may keep (the paper's m)
 AUTO_MAX_DEPTH = 8  # tree_depth="auto": the deepest a round may draft (it stops earlier when nodes cannot pay)
+DEFAULT_CPU_NGRAM = 8  # tree_ngram=None on a CPU: the n-gram branch length the bench measured
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class TreeOptions:
 
     total_tokens="auto" (the default) sizes every round's tree from the measured cost curve (autotune.py);
     top_k=None means 10 on accelerators and 4 on CPUs, where each extra expanded node costs a head step's share.
+    ngram=None means an 8-token n-gram branch on CPUs (it won both bench sets there: README) and none on
+    accelerators, where its per-row lookup would add host syncs to every round and nothing measured it yet.
     """
 
     tree: str = "eagle2"
@@ -53,7 +56,7 @@ class TreeOptions:
     use_global_value: bool = True  # ablation switch (eagle2): rank by V_i, or by each node's own confidence
     rerank: bool = True  # ablation switch (eagle2): rerank all candidates, or keep the expanded frontier
     static_paths: tuple[tuple[int, ...], ...] | None = None  # eagle1 shape; default EAGLE1_TREE
-    ngram: int = 0  # eagle2: length of the n-gram (prompt lookup) branch merged into the tree; 0 = none
+    ngram: int | None = None  # eagle2: length of the n-gram (prompt lookup) branch merged into the tree; 0 = none
     record_calibration: bool = False
     profile: bool = False
 
@@ -68,23 +71,29 @@ class TreeOptions:
                 raise ValueError(f"tree_{name} must be a positive int{' or auto' if name != 'top_k' else ''}, got {value!r}")
         if self.depth == "auto" and self.tree != "eagle2":
             raise ValueError(f"tree_depth='auto' sizes the dynamic tree: it needs tree='eagle2', not {self.tree!r}")
-        if not isinstance(self.ngram, int) or isinstance(self.ngram, bool) or self.ngram < 0:
-            raise ValueError(f"tree_ngram must be an int >= 0 (the n-gram branch length; 0 = off), got {self.ngram!r}")
-        if self.ngram and self.tree != "eagle2":
-            raise ValueError(f"tree_ngram adds a branch to the dynamic tree: it needs tree='eagle2', not {self.tree!r}")
-        if self.ngram and not self.rerank:
-            raise ValueError("tree_ngram needs tree_rerank=True: n-gram nodes are ranked against head nodes by value")
+        if self.ngram is not None:
+            if not isinstance(self.ngram, int) or isinstance(self.ngram, bool) or self.ngram < 0:
+                raise ValueError(f"tree_ngram must be an int >= 0 (the n-gram branch length; 0 = off), got {self.ngram!r}")
+            if self.ngram and self.tree != "eagle2":
+                raise ValueError(f"tree_ngram adds a branch to the dynamic tree: it needs tree='eagle2', not {self.tree!r}")
+            if self.ngram and not self.rerank:
+                raise ValueError("tree_ngram needs tree_rerank=True: n-gram nodes are ranked against head nodes by value")
 
     @property
     def per_round_budget(self) -> bool:
         return self.tree == "eagle2" and "auto" in (self.total_tokens, self.depth)
 
     def resolved(self, device: torch.device) -> "TreeOptions":
-        """Concrete numbers for this device: top_k and "auto" sizes filled in (the budget then caps each round)."""
-        top_k = self.top_k if self.top_k is not None else (10 if torch.device(device).type == "cuda" else 4)
+        """Concrete numbers for this device: top_k, ngram and "auto" sizes filled in (the budget then caps each
+        round)."""
+        on_cpu = torch.device(device).type == "cpu"
+        top_k = self.top_k if self.top_k is not None else (4 if on_cpu else 10)
+        ngram = self.ngram
+        if ngram is None:
+            ngram = DEFAULT_CPU_NGRAM if on_cpu and self.tree == "eagle2" and self.rerank else 0
         total = AUTO_MAX_TOKENS if self.total_tokens == "auto" else self.total_tokens
         depth = AUTO_MAX_DEPTH if self.depth == "auto" else self.depth
-        return replace(self, top_k=top_k, total_tokens=total, depth=depth)
+        return replace(self, top_k=top_k, total_tokens=total, depth=depth, ngram=ngram)
 
     def static_spec(self, depth_limit: int, max_nodes: int | None = None) -> StaticTreeSpec:
         paths = chain_tree(self.depth) if self.tree == "chain" else (self.static_paths or EAGLE1_TREE)

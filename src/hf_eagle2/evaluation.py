@@ -55,8 +55,9 @@ def add_histograms(a: list[int], b: list[int]) -> list[int]:
 @torch.inference_mode()
 def eval_head(model, tokenizer, draft, datasets=("mtbench", "humaneval"), limit=None, max_new_tokens=256,
               tree_kwargs: dict | None = None, calibration: bool = True, progress: bool = True) -> dict:  # fmt: skip
-    """τ per dataset under greedy tree speculation (defaults: EAGLE-2, m=60, depth 6, k=10)."""
-    tree_kwargs = dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10) | dict(tree_kwargs or {})
+    """τ per dataset under greedy tree speculation (defaults: EAGLE-2, m=60, depth 6, k=10, no n-gram branch:
+    τ here is the head's own, not helped by prompt lookup)."""
+    tree_kwargs = dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10, tree_ngram=0) | dict(tree_kwargs or {})
     results, logs = {}, []
     for dataset in datasets:
         prompts = load_prompts(dataset, limit)
