@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 import torch
@@ -6,6 +7,9 @@ import torch
 import hf_eagle2  # noqa: F401  (installs the generate hook)
 
 torch.set_num_threads(int(os.environ.get("HF_EAGLE2_TEST_THREADS", "2")))
+# optional packages kept outside the venv (e.g. vLLM's speculators, which pins another transformers): appended,
+# so they never shadow what the venv has
+sys.path += [p for p in os.environ.get("HF_EAGLE2_TEST_EXTRA_PATH", "").split(os.pathsep) if p]
 
 CHAT_PROMPTS = [
     "Write a short poem about the sea.",

@@ -38,6 +38,12 @@ from transformers.utils import logging
 
 from .configuration_eagle import EagleConfig
 from .cpu_kernels import NEVER, PackedWeight, is_optimized, min_rows_of, optimize_for_cpu, packed_linear
+from .head_formats import (
+    is_speculators_config,
+    official_config_from_speculators,
+    official_state_from_speculators,
+    save_head,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -403,7 +409,8 @@ class EagleDraftModel(PreTrainedModel):
         proxies: dict | None = None,
         **kwargs: Any,
     ) -> "EagleDraftModel":
-        """Loads a head from a local folder or a Hub repo, in hf_eagle2 or official EAGLE-1/2 format.
+        """Loads a head from a local folder or a Hub repo: hf_eagle2, official EAGLE-1/2/3 or vLLM speculators
+        (EAGLE-3) layout (`head_formats.py`).
 
         Reads `config.json` and `model.safetensors` (preferred) or `pytorch_model.bin`
         (`torch.load(weights_only=True)`). Unexpected or missing tensors raise a ValueError naming them.
@@ -418,6 +425,7 @@ class EagleDraftModel(PreTrainedModel):
         hub = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only,
                    force_download=force_download, proxies=proxies, subfolder=subfolder)  # fmt: skip
         path = str(pretrained_model_name_or_path)
+        speculators = False  # a vLLM speculators folder (head_formats.py): its names are translated on load
         if isinstance(config, EagleConfig):
             config = copy.deepcopy(config)
         else:
@@ -427,6 +435,8 @@ class EagleDraftModel(PreTrainedModel):
                 config_file = cached_file(str(config) if config is not None else path, "config.json", **hub)
                 with open(config_file, encoding="utf-8") as f:
                     raw = json.load(f)
+            if is_speculators_config(raw):
+                raw, speculators = official_config_from_speculators(raw), True
             config = _config_class(raw).from_official_dict(raw)
         cls = _model_class(cls, config)
         weights_file = cached_file(path, "model.safetensors", _raise_exceptions_for_missing_entries=False, **hub)
@@ -441,6 +451,8 @@ class EagleDraftModel(PreTrainedModel):
                 raise OSError(f"{where} has neither model.safetensors nor pytorch_model.bin")
             state = torch.load(weights_file, map_location="cpu", weights_only=True)
         model = cls(config)
+        if speculators:
+            state = official_state_from_speculators(state, model)
         model.load_head_state_dict(state, source=weights_file)
         if isinstance(dtype, str) and dtype != "auto":
             dtype = getattr(torch, dtype)
@@ -471,11 +483,18 @@ class EagleDraftModel(PreTrainedModel):
     def _check_loaded(self, source: str) -> None:
         """Consistency checks of the loaded tensors beyond names and shapes (none for EAGLE-1/2)."""
 
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
-        """Writes `config.json` and `model.safetensors` (no embeddings; official tensor names)."""
+    def save_pretrained(self, save_directory: str | os.PathLike, layout: str = "hf_eagle2", **kwargs: Any) -> None:
+        """Writes `config.json` and `model.safetensors` (no embeddings; official tensor names).
+
+        layout: "hf_eagle2" (this package's config), or "official" (Llama-style config for SafeAILab/EAGLE and
+        SGLang; see `head_formats.py`)."""
         from safetensors.torch import save_file
 
         push_to_hub = kwargs.pop("push_to_hub", False)
+        if layout != "hf_eagle2":
+            if push_to_hub:
+                raise NotImplementedError("push_to_hub writes the hf_eagle2 layout: save, then upload the folder")
+            return save_head(self, save_directory, layout, **kwargs)
         os.makedirs(save_directory, exist_ok=True)
         self.config.architectures = ["EagleDraftModel"]
         self.config.save_pretrained(save_directory)

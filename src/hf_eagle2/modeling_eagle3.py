@@ -37,7 +37,6 @@ from `hidden_size`, the head cannot borrow the target's embeddings and carries i
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -49,6 +48,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from .configuration_eagle import Eagle3Config
 from .cpu_kernels import is_optimized, optimize_for_cpu
+from .head_formats import save_head
 from .modeling_eagle import EagleAttention, EagleDraftModel, HeadKV, KVCache, _TargetBinding
 
 
@@ -259,14 +259,16 @@ class Eagle3DraftModel(EagleDraftModel):
                 f"{n} draft tokens to target ids of which {int((~self.t2d[ids]).sum())} are not marked"
             )
 
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
-        """Writes the official layout: `config.json` (LlamaForCausalLMEagle3) and `model.safetensors`."""
-        from safetensors.torch import save_file
+    def load_head_state_dict(self, state: dict[str, torch.Tensor], source: str = "state dict") -> None:
+        """As `EagleDraftModel`'s; a shipped `embed_tokens.weight` is dropped unless the head owns embeddings."""
+        if self.embed_tokens is None:
+            state = {k: v for k, v in state.items() if k != "embed_tokens.weight"}
+        super().load_head_state_dict(state, source)
 
+    def save_pretrained(self, save_directory: str | os.PathLike, layout: str = "official", **kwargs: Any) -> None:
+        """Writes `config.json` and `model.safetensors` in the official layout (`LlamaForCausalLMEagle3`; "hf_eagle2"
+        means the same for EAGLE-3 heads) or, with layout="speculators", in vLLM's speculators format
+        (kwargs: `target=` names the verifier and its feature layers, `speculative_tokens=`; `head_formats.py`)."""
         if kwargs.pop("push_to_hub", False):
             raise NotImplementedError("push_to_hub is not wired for EAGLE-3 heads yet: save, then upload the folder")
-        os.makedirs(save_directory, exist_ok=True)
-        with open(os.path.join(save_directory, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(self.config.to_official_dict(), f, indent=2, sort_keys=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(save_directory, "model.safetensors"), metadata={"format": "pt"})
+        save_head(self, save_directory, "official" if layout == "hf_eagle2" else layout, **kwargs)

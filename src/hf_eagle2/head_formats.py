@@ -1,0 +1,188 @@
+"""Head checkpoints in the layouts serving stacks read, so a head trained here can be served on a cluster.
+
+`head.save_pretrained(folder, layout=...)` writes one of:
+
+* `"hf_eagle2"` (default): this package's layout. EAGLE-1/2: `config.json` of an `EagleConfig`
+  (`model_type: "eagle"`) and `model.safetensors` under the official tensor names. EAGLE-3 heads have no layout
+  of their own here: they are written in the official one.
+* `"official"`: what SafeAILab/EAGLE and SGLang load. EAGLE-1/2: a Llama-style `config.json`
+  (`model_type: "llama"`, `architectures: ["LlamaForCausalLM"]`, `bias`), tensors `fc.*`, `layers.0.*` and,
+  when the head is bound to a target, the target's `embed_tokens.weight` (official heads ship it; SGLang
+  replaces it with the target's own). A reduced draft vocabulary has no place in that layout and is dropped
+  with a warning (drafting then scores the full vocabulary; outputs are unchanged, as verification is exact).
+  EAGLE-3: `LlamaForCausalLMEagle3`, `midlayer.*`, `d2t` (offsets), `t2d`.
+* `"speculators"` (EAGLE-3 only): vLLM's `speculators` format: `config.json` with
+  `speculators_model_type: "eagle3"`, a Llama `transformer_layer_config`, `draft_vocab_size`,
+  `eagle_aux_hidden_state_layer_ids` and a `speculators_config` (algorithm, greedy proposal, verifier); tensors
+  as in the official layout but with the decoder layer under `layers.0.` instead of `midlayer.`.
+
+`EagleDraftModel.from_pretrained` reads all three (`is_speculators_config` picks the translation below). Only
+speculators EAGLE-3 heads that compute what the official head computes load: one Llama decoder layer, no
+extra norms (`norm_before_residual`, `norm_before_fc`, `fc_norm`, `norm_output` all false); anything else is
+refused by name rather than loaded into a head that would draft something else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+LAYOUTS = ("hf_eagle2", "official", "speculators")
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose format this writes (read from vllm-project/speculators)
+# speculators switches that change the head's computation; the official EAGLE-3 head has all of them off
+SPECULATORS_UNSUPPORTED_SWITCHES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# transformer_layer_config fields the head's config takes over
+LAYER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_parameters",
+                "attention_bias", "mlp_bias")  # fmt: skip
+
+
+def save_head(head, save_directory: str | os.PathLike, layout: str, *, target=None,
+              speculative_tokens: int = 3) -> None:  # fmt: skip
+    """Writes `head` in `layout` (see the module doc). target: the model the head drafts for (names the verifier
+    and fixes the feature layers in the speculators config; defaults to the bound target's embeddings only)."""
+    from .modeling_eagle3 import Eagle3DraftModel
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    eagle3 = isinstance(head, Eagle3DraftModel)
+    if layout == "speculators" and not eagle3:
+        raise ValueError("the speculators layout is written for EAGLE-3 heads only (vLLM serves EAGLE-1/2 heads "
+                         "from the official layout): use layout='official'")  # fmt: skip
+    os.makedirs(save_directory, exist_ok=True)
+    if eagle3:
+        config = head.config.to_official_dict()
+        state = _tensors(head)
+        if layout == "speculators":
+            config = speculators_config(head, target, speculative_tokens)
+            state = {_rename(k, "midlayer.", "layers.0."): v for k, v in state.items()}
+    elif layout == "official":
+        config, state = _official_eagle12(head)
+    else:
+        raise AssertionError("the hf_eagle2 layout of EAGLE-1/2 heads is EagleDraftModel.save_pretrained's own")
+    _write(save_directory, config, state)
+
+
+def _tensors(head) -> dict[str, torch.Tensor]:
+    return {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+
+
+def _rename(name: str, old: str, new: str) -> str:
+    return new + name[len(old) :] if name.startswith(old) else name
+
+
+def _write(folder, config: dict, state: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+
+
+def _official_eagle12(head) -> tuple[dict, dict[str, torch.Tensor]]:
+    config = head.config.to_dict()
+    config.update(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1)
+    state = _tensors(head)
+    if config.pop("draft_vocab_size", None) is not None or "d2t" in state:
+        logger.warning("the official EAGLE-1/2 layout has no reduced draft vocabulary: it is left out, and "
+                       "stacks serving this folder draft over the full vocabulary")  # fmt: skip
+        state.pop("d2t", None)
+    if head._binding is not None:
+        embed = head.binding.embed_tokens.weight
+        state["embed_tokens.weight"] = embed.detach().to(head.fc.weight.dtype).contiguous().cpu()
+    return config, state
+
+
+def speculators_config(head, target=None, speculative_tokens: int = 3) -> dict[str, Any]:
+    """The `config.json` of an EAGLE-3 head in vLLM's speculators format."""
+    c = head.config
+    layer = {name: getattr(c, name) for name in LAYER_FIELDS}
+    layer["rope_theta"] = c.rope_theta  # older readers look for it beside rope_parameters
+    layer.update(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1, tie_word_embeddings=False)
+    feature_ids = list(c.feature_layer_ids) if c.feature_layer_ids is not None else None
+    verifier = {"name_or_path": c.target_model, "architectures": []}
+    if target is not None:
+        feature_ids = list(head.target_feature_ids(target))
+        verifier = {"name_or_path": getattr(target, "name_or_path", None) or c.target_model,
+                    "architectures": list(target.config.architectures or [type(target).__name__])}  # fmt: skip
+    return {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens)}],
+            "default_proposal_method": "greedy",
+            "verifier": verifier,
+        },
+        "transformer_layer_config": layer,
+        "draft_vocab_size": head.d2t.numel(),
+        "target_hidden_size": c.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": feature_ids,
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "embed_requires_grad": False,
+        "dtype": str(head.fc.weight.dtype).replace("torch.", ""),
+    }
+
+
+# ---------------------------------------------------------------------- reading
+def is_speculators_config(raw: dict[str, Any]) -> bool:
+    return "speculators_model_type" in raw
+
+
+def official_config_from_speculators(raw: dict[str, Any]) -> dict[str, Any]:
+    """A speculators `config.json` dict -> the official EAGLE-3 dict `Eagle3Config.from_official_dict` reads."""
+    from transformers import AutoConfig
+
+    kind = raw.get("speculators_model_type")
+    if kind != "eagle3":
+        raise ValueError(f"speculators heads of type {kind!r} are not supported here: only 'eagle3' (EAGLE-1/2 heads "
+                         "load from the official layout)")  # fmt: skip
+    switched = [name for name in SPECULATORS_UNSUPPORTED_SWITCHES if raw.get(name)]
+    if switched:
+        raise ValueError(f"this speculators EAGLE-3 head sets {', '.join(switched)}: that head computes something "
+                         "other than the official EAGLE-3 head this package implements, so it is not loaded")  # fmt: skip
+    layer_raw = dict(raw.get("transformer_layer_config") or {})
+    # as speculators does: a missing model_type means its default (qwen3) layer, missing fields that type's defaults
+    layer_type = layer_raw.pop("model_type", "qwen3")
+    if layer_type != "llama":
+        raise ValueError(f"this speculators EAGLE-3 head uses a {layer_type!r} decoder layer; only 'llama' layers "
+                         "(the official EAGLE-3 head) are supported")  # fmt: skip
+    layer = AutoConfig.for_model("llama", **layer_raw)
+    if layer.num_hidden_layers != 1:
+        raise ValueError(f"this speculators EAGLE-3 head has {layer.num_hidden_layers} decoder layers; the "
+                         "EAGLE-3 head here has exactly one")  # fmt: skip
+    if getattr(layer, "attention_bias", False) or getattr(layer, "mlp_bias", False):
+        raise ValueError("this speculators EAGLE-3 head has attention or MLP biases; the official head has none")
+    out = {name: getattr(layer, name) for name in LAYER_FIELDS if getattr(layer, name, None) is not None}
+    out.pop("attention_bias", None)
+    out.pop("mlp_bias", None)
+    out.update(num_hidden_layers=1, architectures=["LlamaForCausalLMEagle3"], model_type="llama",
+               draft_vocab_size=raw.get("draft_vocab_size") or layer.vocab_size)  # fmt: skip
+    if raw.get("target_hidden_size") is not None:
+        out["target_hidden_size"] = raw["target_hidden_size"]
+    if raw.get("eagle_aux_hidden_state_layer_ids") is not None:
+        out["feature_layer_ids"] = list(raw["eagle_aux_hidden_state_layer_ids"])
+    verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
+    if verifier.get("name_or_path"):
+        out["target_model"] = verifier["name_or_path"]
+    return out
+
+
+def official_state_from_speculators(state: dict[str, torch.Tensor], head) -> dict[str, torch.Tensor]:
+    """speculators tensor names -> the official ones; frozen verifier copies dropped; a full draft vocabulary
+    without `d2t`/`t2d` gets the identity map."""
+    out = {_rename(k, "layers.0.", "midlayer."): v for k, v in state.items() if not k.startswith("verifier_")}
+    if "d2t" not in out and "t2d" not in out:
+        out["d2t"] = head.d2t.detach().clone()
+        out["t2d"] = head.t2d.detach().clone()
+    return out
