@@ -118,7 +118,7 @@ def trained_tiny_draft(model, key, steps=300, seed=0):
         out = model.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)
         rows.append(out[0].tolist())
         masks.append([0] * prompt.shape[1] + [1] * (out.shape[1] - prompt.shape[1]))
-    feats = forward_features(model, rows, pad_id=0)
+    feats, _ = forward_features(model, rows, pad_id=0)
     lengths = torch.tensor([len(r) for r in rows])
     data = FeatureSet(
         ids=torch.tensor([t for r in rows for t in r]),

@@ -48,6 +48,8 @@ def cmd_extract(args) -> None:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         draft=draft,
+        turns=args.turns,
+        eagle3=args.eagle3,
     )
     print(json.dumps(meta, indent=2))
 
@@ -62,9 +64,10 @@ def cmd_train(args) -> None:
         data=args.data, out=args.out, val_data=args.val_data or [],
         draft_vocab_size=None if args.draft_vocab_size == 0 else args.draft_vocab_size,
         epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps, batch_tokens=args.batch_tokens,
-        max_seq_len=args.max_seq_len, grad_clip=args.grad_clip, ce_weight=args.ce_weight, noise_std=args.noise_std,
+        max_seq_len=args.max_seq_len, grad_clip=args.grad_clip, ce_weight=args.ce_weight,
+        noise_std=args.noise_std if args.noise_std is not None else (0.0 if args.head == "eagle3" else 0.2),
         seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, max_steps=args.max_steps,
-        snapshot_every_tokens=args.snapshot_every_tokens,
+        snapshot_every_tokens=args.snapshot_every_tokens, unroll=args.unroll, head=args.head,
     )  # fmt: skip
     trainer = Trainer(config, model)
     print(f"train: {trainer.data.num_sequences} sequences, {trainer.data.num_tokens} tokens, "
@@ -225,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=384)
     p.add_argument("--batch-size", type=int, default=48)
     p.add_argument("--draft", default=None, help="an EAGLE head folder: self-distilled answers by tree speculation")
+    p.add_argument("--turns", choices=["first", "all"], default="first",
+                   help="self-distillation: answer the first user turn, or every user turn (one sequence each)")
+    p.add_argument("--eagle3", action="store_true", help="also store the three target layers an EAGLE-3 head reads")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_extract)
 
@@ -243,7 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--grad-clip", type=float, default=0.5)
     p.add_argument("--ce-weight", type=float, default=0.1)
-    p.add_argument("--noise-std", type=float, default=0.2)
+    p.add_argument("--noise-std", type=float, default=None, help="feature noise (default 0.2; EAGLE-3: 0)")
+    p.add_argument("--head", choices=["eagle2", "eagle3"], default="eagle2",
+                   help="eagle2: EAGLE-1/2 layout; eagle3: needs features extracted with --eagle3")
+    p.add_argument("--unroll", type=int, default=1, help="training-time-test passes on the head's own predictions")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=200)

@@ -1,17 +1,20 @@
 """Feature extraction: run the frozen target over conversations and store, per token, its final hidden state
-(after the final norm: the lm_head input), the token id and the assistant loss mask.
+(after the final norm: the lm_head input), the token id and the assistant loss mask; for EAGLE-3 heads also the
+three hidden states the head reads (`aux_layers`), taken from the same forward.
 
 Two sources of assistant text:
 
-* `responses="sharegpt"`: the ShareGPT conversations as written (the EAGLE-1/2 recipe);
-* `responses="target"`: self-distillation. The target answers each conversation's first user turn greedily
-  (`model.generate`, tree-speculative when a head is given), then one forward over prompt + answer gives the
-  features. A head trained on the target's own outputs sees at training time exactly the text it has to
-  predict at inference time.
+* `responses="sharegpt"`: the ShareGPT conversations as written (the EAGLE-1/2 recipe), all turns;
+* `responses="target"`: self-distillation. The target answers user turns greedily (`model.generate`,
+  tree-speculative when a head is given), then one forward over prompt + answer gives the features. A head
+  trained on the target's own outputs sees at training time exactly the text it has to predict at inference
+  time. `turns="first"` answers each conversation's first user turn; `turns="all"` every user turn, each
+  prompted with the conversation up to it (earlier answers as written): one sequence per turn.
 
 Storage: fp16 shards (`shard_00000.safetensors`, one per batch) with `input_ids` (N,), `features` (N, H),
-`loss_mask` (N,) and `offsets` (S + 1,) over the S sequences. Shards are written atomically and named by their
-batch index over a deterministic ordering of the data, so a stopped run resumes where it left off.
+optionally `aux_features` (N, 3 * H), `loss_mask` (N,) and `offsets` (S + 1,) over the S sequences. Shards are
+written atomically and named by their batch index over a deterministic ordering of the data, so a stopped run
+resumes where it left off.
 """
 
 from __future__ import annotations
@@ -34,19 +37,31 @@ class Sequence:
     input_ids: torch.Tensor  # (T,) int64
     features: torch.Tensor  # (T, H) fp16
     loss_mask: torch.Tensor  # (T,) bool
+    aux_features: torch.Tensor | None = None  # (T, 3 * H) fp16: the EAGLE-3 head's three target layers
 
 
 def first_turn_prompt(tokenizer, conversation: Conversation) -> list[int] | None:
     """Chat-template ids of the conversation up to its first user turn, with the generation prompt."""
-    messages = []
-    for m in conversation.messages:
-        messages.append(m)
-        if m["role"] == "user":
-            break
-    if messages[-1]["role"] != "user":
-        return None
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
+    prompts = turn_prompts(tokenizer, conversation, max_turns=1)
+    return prompts[0] if prompts else None
+
+
+def turn_prompts(tokenizer, conversation: Conversation, max_turns: int | None = None) -> list[list[int]]:
+    """Chat-template ids of the conversation up to each user turn, with the generation prompt (earlier
+    assistant turns as written): the prompts whose answers self-distillation asks the target for."""
+    prompts = []
+    for i, m in enumerate(conversation.messages):
+        if m["role"] != "user" or (max_turns is not None and len(prompts) >= max_turns):
+            continue
+        out = tokenizer.apply_chat_template(conversation.messages[: i + 1], tokenize=True, add_generation_prompt=True)
+        prompts.append(list(out["input_ids"] if hasattr(out, "keys") else out))
+    return prompts
+
+
+def aux_layer_ids(model) -> tuple[int, ...]:
+    """The three `hidden_states` entries an EAGLE-3 head of `model` reads (official choice: 2, L // 2, L - 3)."""
+    layers = model.config.get_text_config().num_hidden_layers
+    return tuple(sorted([2, layers // 2, layers - 3]))
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,14 +76,14 @@ def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
 
 @torch.inference_mode()
 def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int], pad_id: int,
-                           draft=None):  # fmt: skip
+                           draft=None, aux_layers: tuple[int, ...] = ()):  # fmt: skip
     """Batched greedy answers with every token's final hidden state.
 
     The answers come from `model.generate` (with `draft`, an EAGLE head, through the tree-speculative loop: the
     same tokens, sooner), so extraction has no decode loop of its own; the features then come from one padded
     forward over prompt + answer (`forward_features`), a small cost next to generating the answer. Returns, per
-    prompt, (ids (T,), features (T, H) float, response_start) with T = prompt + response tokens; the response
-    ends with the first EOS (kept) or after max_new_tokens tokens."""
+    prompt, (ids (T,), features (T, H) float, aux (T, 3H) float or None, response_start) with T = prompt +
+    response tokens; the response ends with the first EOS (kept) or after max_new_tokens tokens."""
     device = model.get_output_embeddings().weight.device
     ids, attn = _left_pad(prompts, pad_id, device)
     speculative = {} if draft is None else {"assistant_model": draft, "tree": "eagle2"}
@@ -81,19 +96,24 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
         answer = out[b, width:]
         ends = torch.isin(answer, eos).nonzero()
         rows.append(prompt + answer[: int(ends[0]) + 1 if ends.numel() else answer.numel()].tolist())
-    feats = forward_features(model, rows, pad_id)
-    return [(torch.tensor(r), f, len(p)) for r, f, p in zip(rows, feats, prompts)]
+    feats, aux = forward_features(model, rows, pad_id, aux_layers)
+    return [(torch.tensor(r), f, a, len(p)) for r, f, a, p in zip(rows, feats, aux, prompts)]
 
 
 @torch.inference_mode()
-def forward_features(model, rows: list[list[int]], pad_id: int) -> list[torch.Tensor]:
-    """Final hidden states (T_i, H) of each row under one padded forward (the features verification passes on)."""
+def forward_features(model, rows: list[list[int]], pad_id: int, aux_layers: tuple[int, ...] = ()):
+    """Final hidden states (T_i, H) of each row under one padded forward (the features verification passes on),
+    and, for `aux_layers`, those `hidden_states` entries concatenated (T_i, 3H) from the same forward (else None)."""
     device = model.get_output_embeddings().weight.device
     ids, attn = _left_pad(rows, pad_id, device)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    hidden = causal_lm_forward(model, ids, pos, attn, None, logits_to_keep=1)[0]
+    hidden = causal_lm_forward(model, ids, pos, attn, None, logits_to_keep=1, feature_ids=(*aux_layers, -1))[0]
     width = ids.shape[1]
-    return [hidden[i, width - len(r) :].float().cpu() for i, r in enumerate(rows)]
+    size = hidden.shape[-1] // (len(aux_layers) + 1)
+    final = [hidden[i, width - len(r) :, -size:].float().cpu() for i, r in enumerate(rows)]
+    if not aux_layers:
+        return final, [None] * len(rows)
+    return final, [hidden[i, width - len(r) :, :-size].float().cpu() for i, r in enumerate(rows)]
 
 
 def _batches(items: list, batch_size: int, bucket: int = 8) -> list[list]:
@@ -121,32 +141,38 @@ def extract_features(
     sharegpt_file: str | None = None,
     progress: bool = True,
     draft=None,
+    turns: str = "first",
+    eagle3: bool = False,
 ) -> dict:
     """Writes feature shards to `out_dir` until `max_tokens` tokens (or the data) are exhausted. Resumable.
 
-    draft: an EAGLE head that speeds up self-distilled answers (same tokens: greedy tree speculation is exact)."""
+    draft: an EAGLE head that speeds up self-distilled answers (same tokens: greedy tree speculation is exact);
+    turns: "first" or "all" user turns answered by the target (responses="target"); eagle3: also store the
+    three hidden states an EAGLE-3 head reads (`aux_layer_ids`)."""
     if responses not in ("target", "sharegpt"):
         raise ValueError("responses must be 'target' or 'sharegpt'")
+    if turns not in ("first", "all"):
+        raise ValueError("turns must be 'first' or 'all'")
+    aux_layers = aux_layer_ids(model) if eagle3 else ()
     os.makedirs(out_dir, exist_ok=True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
-    items = []
-    for conv in iter_sharegpt(sharegpt_file, split=split):
+    items = []  # (sequence id, ids, loss mask or None): one per conversation, or per user turn with turns="all"
+    for used, conv in enumerate(iter_sharegpt(sharegpt_file, split=split)):
+        if max_conversations is not None and used >= max_conversations:
+            break
         if responses == "target":
-            prompt = first_turn_prompt(tokenizer, conv)
-            if prompt is None or len(prompt) > max_prompt_tokens:
-                continue
-            items.append((conv.id, prompt, None))
+            prompts = turn_prompts(tokenizer, conv, max_turns=1 if turns == "first" else None)
+            items += [(f"{conv.id}/{t}", p, None) for t, p in enumerate(prompts) if len(p) <= max_prompt_tokens]
         else:
             ids, mask = render_with_loss_mask(tokenizer, conv.messages, max_tokens=max_seq_tokens)
             if sum(mask) == 0:
                 continue
             items.append((conv.id, ids, mask))
-        if max_conversations is not None and len(items) >= max_conversations:
-            break
     batches = _batches(items, batch_size)
-    meta = {"responses": responses, "split": split, "max_new_tokens": max_new_tokens, "hidden_size": None}
+    meta = {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
+            "hidden_size": None, "aux_layers": list(aux_layers), "sequences": len(items)}  # fmt: skip
     done_tokens = sum(_shard_tokens(out_dir, i) for i in range(len(batches)))
     bar = tqdm(total=max_tokens or None, initial=done_tokens, unit="tok", desc=f"features[{responses}]", disable=not progress)
     for index, batch in enumerate(batches):
@@ -156,15 +182,17 @@ def extract_features(
         if max_tokens is not None and done_tokens >= max_tokens:
             break
         if responses == "target":
-            results = generate_with_features(model, [b[1] for b in batch], max_new_tokens, eos_ids, pad_id, draft=draft)
+            results = generate_with_features(model, [b[1] for b in batch], max_new_tokens, eos_ids, pad_id, draft=draft,
+                                             aux_layers=aux_layers)  # fmt: skip
             seqs = []
-            for ids, feats, start in results:
+            for ids, feats, aux, start in results:
                 mask = torch.zeros(ids.numel(), dtype=torch.bool)
                 mask[start:] = True
-                seqs.append(Sequence(ids, feats.half(), mask))
+                seqs.append(Sequence(ids, feats.half(), mask, None if aux is None else aux.half()))
         else:
-            feats = forward_features(model, [b[1] for b in batch], pad_id)
-            seqs = [Sequence(torch.tensor(b[1]), f.half(), torch.tensor(b[2], dtype=torch.bool)) for b, f in zip(batch, feats)]
+            feats, aux = forward_features(model, [b[1] for b in batch], pad_id, aux_layers)
+            seqs = [Sequence(torch.tensor(b[1]), f.half(), torch.tensor(b[2], dtype=torch.bool),
+                             None if a is None else a.half()) for b, f, a in zip(batch, feats, aux)]  # fmt: skip
         meta["hidden_size"] = seqs[0].features.shape[-1]
         num = write_shard(path, seqs, ids=[b[0] for b in batch])
         done_tokens += num
@@ -185,7 +213,9 @@ def write_shard(path: str, seqs: list[Sequence], ids: list[str] | None = None) -
         "loss_mask": torch.cat([s.loss_mask for s in seqs]).to(torch.uint8),
         "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
     }
-    if not torch.isfinite(tensors["features"].float()).all():
+    if seqs[0].aux_features is not None:
+        tensors["aux_features"] = torch.cat([s.aux_features for s in seqs]).to(torch.float16).contiguous()
+    if not all(torch.isfinite(tensors[k].float()).all() for k in ("features", "aux_features") if k in tensors):
         raise ValueError("features overflow fp16")
     tmp = path + ".tmp"
     save_file(tensors, tmp, metadata={"ids": json.dumps(ids or [])})
@@ -209,5 +239,7 @@ def iter_shards(paths: list[str]) -> Iterator[Sequence]:
         for name in sorted(f for f in os.listdir(folder) if f.startswith("shard_") and f.endswith(".safetensors")):
             data = load_file(os.path.join(folder, name))
             offsets = data["offsets"].tolist()
+            aux = data.get("aux_features")
             for a, b in zip(offsets[:-1], offsets[1:]):
-                yield Sequence(data["input_ids"][a:b].long(), data["features"][a:b], data["loss_mask"][a:b].bool())
+                yield Sequence(data["input_ids"][a:b].long(), data["features"][a:b], data["loss_mask"][a:b].bool(),
+                               None if aux is None else aux[a:b])  # fmt: skip

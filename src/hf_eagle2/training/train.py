@@ -1,4 +1,4 @@
-"""Training an EAGLE-1/2 head on stored target features.
+"""Training an EAGLE-1/2 or EAGLE-3 head on stored target features.
 
 Loss, as in EAGLE-1/2, at every position t whose next token is an assistant token:
 
@@ -9,6 +9,11 @@ Loss, as in EAGLE-1/2, at every position t whose next token is an assistant toke
 where p = softmax(W feature_{t+1}) is the target's own next-token distribution (soft labels) and W is the target's
 lm_head restricted to the draft vocabulary (all of it when `draft_vocab_size` is None; otherwise the N most
 frequent assistant tokens of the training data, as in EAGLE-3 / FR-Spec, with p renormalised over them).
+
+EAGLE-3 (`head="eagle3"`, features stored with `aux_features`): the head reads fc(low, mid, high target
+layers) at depth 1 and its own output after, scores its own lm_head over the draft vocabulary, and is trained
+on the CE term alone (no feature regression: its output is not the target's feature), with `unroll` >= 2
+training-time-test passes as in the paper (default noise off: the passes on its own predictions replace it).
 
 AdamW with linear warm-up and cosine decay, gradient clipping and a seed. The batch order of every epoch is a
 function of (seed, epoch) and the noise of every step a function of (seed, step), so a run stopped at any
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..modeling_eagle import EagleDraftModel
+from ..modeling_eagle3 import Eagle3DraftModel
 from .features import iter_shards
 
 
@@ -53,34 +59,43 @@ class TrainConfig:
     eval_every: int = 200
     max_steps: int | None = None  # stop early (the schedule still spans `epochs`)
     unroll: int = 1  # >1: "training-time test" passes on the head's own predictions (see eagle_loss)
+    head: str = "eagle2"  # "eagle2" (EAGLE-1/2 layout) or "eagle3" (needs features extracted with eagle3=True)
     snapshot_every_tokens: int | None = None  # also keep head snapshots (for τ-vs-tokens curves)
     threads: int | None = None
 
 
 @dataclass
 class FeatureSet:
-    """All sequences in memory: ids (N,), features (N, H) fp16, mask (N,) bool, offsets (S + 1,)."""
+    """All sequences in memory: ids (N,), features (N, H) fp16, mask (N,) bool, offsets (S + 1,), and for
+    EAGLE-3 aux (N, 3H) fp16."""
 
     ids: torch.Tensor
     features: torch.Tensor
     mask: torch.Tensor
     offsets: torch.Tensor
+    aux: torch.Tensor | None = None
 
     @staticmethod
-    def load(folders: list[str], max_seq_len: int) -> "FeatureSet":
-        ids, feats, masks, lengths = [], [], [], []
+    def load(folders: list[str], max_seq_len: int, aux: bool = False) -> "FeatureSet":
+        """aux: also load the EAGLE-3 features (an error if a shard has none)."""
+        ids, feats, masks, auxs, lengths = [], [], [], [], []
         for seq in iter_shards(folders):
             n = min(seq.input_ids.numel(), max_seq_len)
             if n < 3 or not bool(seq.loss_mask[1:n].any()):
                 continue
+            if aux and seq.aux_features is None:
+                raise ValueError(f"{folders}: shards without aux_features; extract with eagle3=True (--eagle3) "
+                                 "to train an EAGLE-3 head")  # fmt: skip
             ids.append(seq.input_ids[:n])
             feats.append(seq.features[:n])
             masks.append(seq.loss_mask[:n])
+            if aux:
+                auxs.append(seq.aux_features[:n])
             lengths.append(n)
         if not ids:
             raise ValueError(f"no usable sequences in {folders}")
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(lengths).cumsum(0)])
-        return FeatureSet(torch.cat(ids), torch.cat(feats), torch.cat(masks), offsets)
+        return FeatureSet(torch.cat(ids), torch.cat(feats), torch.cat(masks), offsets, torch.cat(auxs) if aux else None)
 
     @property
     def num_sequences(self) -> int:
@@ -94,19 +109,22 @@ class FeatureSet:
         return self.offsets[1:] - self.offsets[:-1]
 
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        """Right-padded batch of sequences: ids (B, T), features (B, T, H) float, mask (B, T), valid (B, T)."""
+        """Right-padded batch of sequences: ids (B, T), features (B, T, H) float, mask (B, T), and with aux
+        features aux (B, T, 3H) float."""
         lengths = [int(self.offsets[i + 1] - self.offsets[i]) for i in indices]
         width = max(lengths)
-        hidden = self.features.shape[-1]
         ids = torch.zeros(len(indices), width, dtype=torch.long)
-        feats = torch.zeros(len(indices), width, hidden)
+        feats = torch.zeros(len(indices), width, self.features.shape[-1])
+        aux = None if self.aux is None else torch.zeros(len(indices), width, self.aux.shape[-1])
         mask = torch.zeros(len(indices), width, dtype=torch.bool)
         for row, (i, n) in enumerate(zip(indices, lengths)):
             a = int(self.offsets[i])
             ids[row, :n] = self.ids[a : a + n]
             feats[row, :n] = self.features[a : a + n].float()
             mask[row, :n] = self.mask[a : a + n]
-        return {"ids": ids, "features": feats, "mask": mask}
+            if aux is not None:
+                aux[row, :n] = self.aux[a : a + n].float()
+        return {"ids": ids, "features": feats, "mask": mask} | ({} if aux is None else {"aux": aux})
 
 
 def token_frequencies(data: FeatureSet, vocab_size: int) -> torch.Tensor:
@@ -146,22 +164,31 @@ def epoch_batches(lengths: torch.Tensor, batch_tokens: int, seed: int, epoch: in
 
 def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, noise_std: float, ce_weight: float,
                generator: torch.Generator | None = None, unroll: int = 1) -> tuple[torch.Tensor, dict]:  # fmt: skip
-    """EAGLE-1/2 loss on a right-padded batch; lm_weight: (N, H) target lm_head rows of the draft vocabulary.
+    """EAGLE loss on a right-padded batch; lm_weight: (N, H) target lm_head rows of the draft vocabulary.
 
     unroll > 1 adds "training-time test" passes (as in EAGLE-3 / HASS): pass s feeds the head its own
     prediction from pass s-1 at the previous position, attending to the true pairs before it, to its own earlier
     drafted positions and to itself, exactly as tree depth s does at inference. The loss averages the passes;
-    `acc` is reported for pass 1 (depth 1), `acc_deep` for the last pass."""
+    `acc` is reported for pass 1 (depth 1), `acc_deep` for the last pass.
+
+    EAGLE-3 heads (`Eagle3DraftModel`): pass 1 reads `head.project_features` of the batch's `aux` features,
+    the draft distribution is the head's own (`draft_logits`), and the loss is the CE term alone."""
+    eagle3 = isinstance(head, Eagle3DraftModel)
     ids, feats, mask = batch["ids"], batch["features"], batch["mask"]
     bsz, width, hidden = feats.shape
     device = lm_weight.device
     ids, feats, mask = ids.to(device), feats.to(device), mask.to(device)
     steps = width - 1
-    inputs = feats[:, :-1]
+    if eagle3 and "aux" not in batch:
+        raise ValueError("an EAGLE-3 head trains on aux features (three target layers): extract with eagle3=True")
+    inputs = batch["aux"].to(device)[:, :-1] if eagle3 else feats[:, :-1]
     if noise_std > 0:
         amplitude = noise_std / 2 * 512 / width
         noise = torch.rand(inputs.shape, generator=generator, device="cpu").to(device)
         inputs = inputs + (noise * 2 - 1) * amplitude
+    if eagle3:
+        inputs = head.project_features(inputs)
+    draft_logits = head.draft_logits if eagle3 else (lambda h: F.linear(h, lm_weight))  # noqa: E731
     positions = torch.arange(steps, device=device).expand(bsz, steps)
     with torch.no_grad():
         embeds = head.embed(ids[:, 1:])  # the target's (frozen) embeddings
@@ -184,11 +211,14 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
         past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
         pass_sel = sel & (i >= s - 1).view(1, -1)
         pred_sel = pred[pass_sel]
-        feature_loss = F.smooth_l1_loss(pred_sel, target[pass_sel], reduction="none").mean(-1).mean()
-        logq = F.log_softmax(F.linear(pred_sel, lm_weight), dim=-1)
+        if eagle3:  # its output is its own feature, not the target's: no regression term
+            feature_loss = pred_sel.new_zeros(())
+        else:
+            feature_loss = F.smooth_l1_loss(pred_sel, target[pass_sel], reduction="none").mean(-1).mean()
+        logq = F.log_softmax(draft_logits(pred_sel), dim=-1)
         p = target_p if s == 1 else F.softmax(F.linear(target[pass_sel], lm_weight), dim=-1).detach()
         ce = -(p * logq).sum(-1).mean()
-        total = total + feature_loss + ce_weight * ce
+        total = total + (ce if eagle3 else feature_loss + ce_weight * ce)
         with torch.no_grad():
             infos.append((feature_loss.item(), ce.item(), (logq.argmax(-1) == p.argmax(-1)).float().mean().item()))
     loss = total / unroll
@@ -208,9 +238,12 @@ class Trainer:
         self.progress = progress
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.data = data or FeatureSet.load(config.data, config.max_seq_len)
+        if config.head not in ("eagle2", "eagle3"):
+            raise ValueError(f"head must be 'eagle2' or 'eagle3', got {config.head!r}")
+        eagle3 = config.head == "eagle3"
+        self.data = data or FeatureSet.load(config.data, config.max_seq_len, aux=eagle3)
         self.val = val_data if val_data is not None else (
-            FeatureSet.load(config.val_data, config.max_seq_len) if config.val_data else None
+            FeatureSet.load(config.val_data, config.max_seq_len, aux=eagle3) if config.val_data else None
         )  # fmt: skip
         vocab = target_model.config.get_text_config().vocab_size
         self.state_path = os.path.join(config.out, "checkpoint.pt")
@@ -220,9 +253,12 @@ class Trainer:
             eos = target_model.generation_config.eos_token_id
             eos = [eos] if isinstance(eos, int) else list(eos or [])
             draft_vocab = select_draft_vocab(token_frequencies(self.data, vocab), config.draft_vocab_size, eos)
-        self.head = EagleDraftModel.from_target(target_model, draft_vocab=draft_vocab, seed=config.seed).float()
+        head_class = Eagle3DraftModel if eagle3 else EagleDraftModel
+        self.head = head_class.from_target(target_model, draft_vocab=draft_vocab, seed=config.seed).float()
         self.head.bind(target_model)
-        self.lm_weight = self.head.binding.head_weight.float()
+        # the target's lm_head rows of the draft vocabulary: its next-token distribution, the soft labels
+        draft_ids = self.head.to_target_ids(torch.arange(self.head.draft_vocab_size))
+        self.lm_weight = target_model.get_output_embeddings().weight.detach()[draft_ids].float()
         self.head.train()
         params = [p for p in self.head.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)

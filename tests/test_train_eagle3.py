@@ -1,0 +1,141 @@
+"""Training EAGLE-3 heads: three-layer features from the target's one forward, training-time test matching
+inference drafting, a tiny head that learns, and self-distillation over every user turn."""
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from hf_eagle2 import Eagle3DraftModel, EagleDraftModel
+from hf_eagle2.training.data import iter_sharegpt
+from hf_eagle2.training.features import (
+    aux_layer_ids,
+    extract_features,
+    forward_features,
+    iter_shards,
+    turn_prompts,
+)
+from hf_eagle2.training.train import FeatureSet, TrainConfig, Trainer, eagle_loss
+
+LAYERS = 8
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", num_hidden_layers=LAYERS, seed=4)
+
+
+def tiny_features(model, n=32, new=24, seed=0) -> FeatureSet:
+    """The tiny target's own greedy continuations of random prompts, with final and three-layer features."""
+    g = torch.Generator().manual_seed(seed)
+    rows, masks = [], []
+    for _ in range(n):
+        prompt = torch.randint(3, model.config.vocab_size, (1, int(torch.randint(2, 10, (1,), generator=g))), generator=g)
+        out = model.generate(prompt, do_sample=False, max_new_tokens=new, eos_token_id=None)
+        rows.append(out[0].tolist())
+        masks.append([0] * prompt.shape[1] + [1] * (out.shape[1] - prompt.shape[1]))
+    final, aux = forward_features(model, rows, 0, aux_layer_ids(model))
+    lengths = torch.tensor([len(r) for r in rows])
+    return FeatureSet(ids=torch.tensor([t for r in rows for t in r]), features=torch.cat(final).half(),
+                      mask=torch.tensor([m for ms in masks for m in ms], dtype=torch.bool),
+                      offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+                      aux=torch.cat(aux).half())  # fmt: skip
+
+
+def test_aux_features_are_the_three_layers_of_the_same_forward(target):
+    ids = torch.randint(3, 32, (1, 9), generator=torch.Generator().manual_seed(1))
+    final, aux = forward_features(target, [ids[0].tolist()], 0, aux_layer_ids(target))
+    with torch.no_grad():
+        hs = target(ids, output_hidden_states=True).hidden_states
+    assert aux_layer_ids(target) == (2, LAYERS // 2, LAYERS - 3)
+    torch.testing.assert_close(aux[0], torch.cat([hs[2], hs[4], hs[5]], dim=-1)[0])
+    torch.testing.assert_close(final[0], hs[-1][0])
+
+
+def test_unrolled_pass_equals_inference_drafting_eagle3(target):
+    """Training-time test for EAGLE-3: pass 2 at index i is the head drafting a depth-1 node at position i from
+    fc(target layers) context and its own pass-1 output."""
+    head = Eagle3DraftModel.from_target(target, seed=0)
+    g = torch.Generator().manual_seed(0)
+    steps = 9
+    ids = torch.randint(3, 32, (1, steps + 1), generator=g)
+    aux = torch.randn(1, steps + 1, 3 * 64, generator=g)
+    feats = torch.randn(1, steps + 1, 64, generator=g)
+    pos = torch.arange(steps)[None]
+    emb = head.embed(ids[:, 1:])
+    ctx_feats = head.project_features(aux[:, :-1])
+    pred1, _ = head(None, ctx_feats, pos, inputs_embeds=emb)
+    batch = {"ids": ids, "features": feats, "aux": aux, "mask": torch.ones(1, steps + 1, dtype=torch.bool)}
+    captured = []
+    original = head.forward
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        captured.append(out[0])
+        return out
+
+    head.forward = spy
+    lm_rows = target.get_output_embeddings().weight.detach()
+    loss, info = eagle_loss(head, lm_rows, batch, 0.0, 0.1, unroll=2)
+    head.forward = original
+    assert info["feature_loss"] == 0.0 and "acc_deep" in info and loss.requires_grad
+    for i in range(1, steps):
+        _, ctx = head(None, ctx_feats[:, :i], pos[:, :i], inputs_embeds=emb[:, :i])
+        node, _ = head(None, pred1[:, i - 1 : i], pos[:, i : i + 1], torch.ones(1, 1, 1, i + 1, dtype=torch.bool), ctx,
+                       inputs_embeds=emb[:, i : i + 1])  # fmt: skip
+        torch.testing.assert_close(captured[1][0, i], node[0, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_a_tiny_eagle3_head_learns_and_stays_lossless(target, tmp_path):
+    data = tiny_features(target, n=16, new=16)
+    config = TrainConfig(data=[], out=str(tmp_path / "run"), head="eagle3", draft_vocab_size=24, epochs=60, lr=3e-3,
+                         warmup_steps=10, batch_tokens=512, noise_std=0.0, unroll=3, save_every=10**9,
+                         eval_every=10**9, max_steps=80)  # fmt: skip
+    trainer = Trainer(config, target, data=data, progress=False)
+    assert isinstance(trainer.head, Eagle3DraftModel) and trainer.head.d2t.numel() == 24
+    batch = data.batch(list(range(8)))
+    with torch.no_grad():  # soft labels of a random tiny target are near uniform: CE stays near their entropy,
+        before, start = eagle_loss(trainer.head, trainer.lm_weight, batch, 0.0, 0.1, unroll=3)  # so compare argmax
+    trainer.run(resume=False)
+    with torch.no_grad():
+        after, info = eagle_loss(trainer.head, trainer.lm_weight, batch, 0.0, 0.1, unroll=3)
+    assert after.item() < before.item() and info["acc"] > 0.6 > start["acc"] + 0.3, (start, info)
+    assert info["acc_deep"] > start["acc_deep"] + 0.2, (start, info)
+    trainer.save_head(str(tmp_path / "head"))
+    loaded = EagleDraftModel.from_pretrained(str(tmp_path / "head"))
+    assert type(loaded) is Eagle3DraftModel
+    ids = torch.randint(3, 32, (1, 5), generator=torch.Generator().manual_seed(3))
+    plain = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    out = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None, assistant_model=loaded,
+                          tree="eagle2", tree_total_tokens=10, return_dict_in_generate=True)  # fmt: skip
+    assert torch.equal(out.sequences, plain)
+    assert out.eagle_stats.new_tokens / out.eagle_stats.target_forwards > 1.5  # the trained head gets accepted
+
+
+def test_eagle3_training_needs_aux_features(target, tmp_path):
+    data = tiny_features(target, n=4, new=6)
+    data.aux = None
+    with pytest.raises(ValueError, match="aux features"):
+        Trainer(TrainConfig(data=[], out=str(tmp_path), head="eagle3", draft_vocab_size=None, max_steps=1), target,
+                data=data, progress=False).run(resume=False)  # fmt: skip
+    with pytest.raises(ValueError, match="head must be"):
+        Trainer(TrainConfig(data=[], out=str(tmp_path), head="medusa"), target, data=data, progress=False)
+
+
+def test_all_turns_self_distillation_with_eagle3_features(smollm2, tmp_path):
+    model, tokenizer = smollm2
+    conv = next(c for c in iter_sharegpt(split="train") if sum(m["role"] == "user" for m in c.messages) >= 2)
+    prompts = turn_prompts(tokenizer, conv)
+    assert len(prompts) == sum(m["role"] == "user" for m in conv.messages)
+    assert prompts[1][: len(prompts[0])] == prompts[0]  # a later turn's prompt holds the earlier turns as written
+    meta = extract_features(model, tokenizer, str(tmp_path), responses="target", turns="all", eagle3=True,
+                            max_conversations=2, max_new_tokens=6, max_prompt_tokens=400, batch_size=8,
+                            progress=False)  # fmt: skip
+    seqs = list(iter_shards([str(tmp_path)]))
+    layers = model.config.num_hidden_layers
+    assert meta["aux_layers"] == [2, layers // 2, layers - 3] and meta["turns"] == "all"
+    assert len(seqs) == meta["sequences"] > 2  # one per user turn (of <= 400 prompt tokens) of two conversations
+    s = min(seqs, key=lambda s: s.input_ids.numel())
+    with torch.no_grad():
+        hs = model(s.input_ids[None], output_hidden_states=True).hidden_states
+    ref = torch.cat([hs[i] for i in meta["aux_layers"]], dim=-1)[0]
+    torch.testing.assert_close(s.aux_features.float(), ref, atol=3e-2, rtol=3e-3)  # fp16 storage, padded batch
