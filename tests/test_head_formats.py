@@ -36,6 +36,7 @@ def test_speculators_round_trip(tmp_path, target, official_dir):
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, LAYERS // 2, LAYERS - 3]
     layer = config["transformer_layer_config"]
     assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1 and layer["head_dim"] == 16
+    assert layer["rope_theta"] == 10000.0 and layer["rope_scaling"] is None
     assert layer["vocab_size"] == target.config.vocab_size and layer["hidden_size"] == 64
     spec = config["speculators_config"]
     assert spec["algorithm"] == "eagle3" and spec["proposal_methods"][0]["speculative_tokens"] == 5
@@ -73,11 +74,12 @@ def speculators_folder(tmp_path, name, **changes):
     [
         (dict(norm_before_residual=True), "sets norm_before_residual"),
         (dict(norm_output=True, fc_norm=True), "sets fc_norm, norm_output"),
+        (dict(embed_requires_grad=True), "sets embed_requires_grad"),
         (dict(speculators_model_type="eagle"), "type 'eagle' are not supported"),
         (dict(layer={"model_type": "qwen3"}), "'qwen3' decoder layer"),
         (dict(layer={"num_hidden_layers": 2}), "2 decoder layers"),
     ],
-    ids=["norm_before_residual", "norm_output", "eagle1", "qwen3_layer", "two_layers"],
+    ids=["norm_before_residual", "norm_output", "own_embeddings", "eagle1", "qwen3_layer", "two_layers"],
 )
 def test_speculators_heads_that_compute_otherwise_are_refused(tmp_path, changes, message):
     with pytest.raises(ValueError, match=message):
@@ -106,7 +108,7 @@ def test_official_eagle12_layout(tmp_path, caplog):
     head = EagleDraftModel.from_target(target, seed=0)
     head.save_pretrained(tmp_path / "official", layout="official")
     config = json.loads((tmp_path / "official" / "config.json").read_text())
-    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
+    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLMEagle"]
     assert config["num_hidden_layers"] == 1 and config["bias"] is True and "draft_vocab_size" not in config
     saved = load_file(str(tmp_path / "official" / "model.safetensors"))
     assert torch.equal(saved["embed_tokens.weight"], target.get_input_embeddings().weight)
@@ -122,6 +124,11 @@ def test_official_eagle12_layout(tmp_path, caplog):
     assert "no reduced draft vocabulary" in caplog.text
     assert "d2t" not in load_file(str(tmp_path / "reduced" / "model.safetensors"))
     assert EagleDraftModel.from_pretrained(str(tmp_path / "reduced")).d2t is None
+    biasless = EagleDraftModel.from_target(target, seed=0, bias=False)
+    biasless.save_pretrained(tmp_path / "biasless", layout="official")
+    saved = load_file(str(tmp_path / "biasless" / "model.safetensors"))
+    assert not saved["fc.bias"].any()  # SGLang's fc always has a bias: a zero one
+    assert greedy_identical(target, EagleDraftModel.from_pretrained(str(tmp_path / "biasless")), tree="chain")
     with pytest.raises(ValueError, match="EAGLE-3 heads only"):
         head.save_pretrained(tmp_path / "nope", layout="speculators")
     with pytest.raises(ValueError, match="layout must be one of"):

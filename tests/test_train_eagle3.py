@@ -117,6 +117,9 @@ def test_eagle3_training_needs_aux_features(target, tmp_path):
     with pytest.raises(ValueError, match="aux features"):
         Trainer(TrainConfig(data=[], out=str(tmp_path), head="eagle3", draft_vocab_size=None, max_steps=1), target,
                 data=data, progress=False).run(resume=False)  # fmt: skip
+    with pytest.raises(ValueError, match="needs unroll >= 2"):
+        TrainConfig(data=[], out=str(tmp_path), head="eagle3", unroll=1)
+    assert TrainConfig(data=[], out=str(tmp_path), head="eagle3").noise_std == 0.0
     with pytest.raises(ValueError, match="head must be"):
         Trainer(TrainConfig(data=[], out=str(tmp_path), head="medusa"), target, data=data, progress=False)
 

@@ -65,7 +65,7 @@ def cmd_train(args) -> None:
         draft_vocab_size=None if args.draft_vocab_size == 0 else args.draft_vocab_size,
         epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps, batch_tokens=args.batch_tokens,
         max_seq_len=args.max_seq_len, grad_clip=args.grad_clip, ce_weight=args.ce_weight,
-        noise_std=args.noise_std if args.noise_std is not None else (0.0 if args.head == "eagle3" else 0.2),
+        noise_std=args.noise_std,
         seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, max_steps=args.max_steps,
         snapshot_every_tokens=args.snapshot_every_tokens, unroll=args.unroll, head=args.head,
     )  # fmt: skip
@@ -252,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-std", type=float, default=None, help="feature noise (default 0.2; EAGLE-3: 0)")
     p.add_argument("--head", choices=["eagle2", "eagle3"], default="eagle2",
                    help="eagle2: EAGLE-1/2 layout; eagle3: needs features extracted with --eagle3")
-    p.add_argument("--unroll", type=int, default=1, help="training-time-test passes on the head's own predictions")
+    p.add_argument("--unroll", type=int, default=None,
+                   help="training-time-test passes on the head's own predictions (default 1; EAGLE-3: 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=200)

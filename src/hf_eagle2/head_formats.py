@@ -6,10 +6,14 @@
   (`model_type: "eagle"`) and `model.safetensors` under the official tensor names. EAGLE-3 heads have no layout
   of their own here: they are written in the official one.
 * `"official"`: what SafeAILab/EAGLE and SGLang load. EAGLE-1/2: a Llama-style `config.json`
-  (`model_type: "llama"`, `architectures: ["LlamaForCausalLM"]`, `bias`), tensors `fc.*`, `layers.0.*` and,
-  when the head is bound to a target, the target's `embed_tokens.weight` (official heads ship it; SGLang
-  replaces it with the target's own). A reduced draft vocabulary has no place in that layout and is dropped
-  with a warning (drafting then scores the full vocabulary; outputs are unchanged, as verification is exact).
+  (`model_type: "llama"`, `architectures: ["LlamaForCausalLMEagle"]`, the name SGLang serves EAGLE-1/2 heads
+  under; SafeAILab ignores it), tensors `fc.*`, `layers.0.*` and, when the head is bound to a target, the
+  target's `embed_tokens.weight` (official heads ship it; SGLang replaces it with the target's own). SGLang's
+  `fc` always has a bias, so a bias-free head is written with a zero `fc.bias` (and `bias: true`): the same
+  function, loadable everywhere. vLLM's EAGLE-1 `fc` has no bias and drops a shipped one. A reduced draft
+  vocabulary has no place in that layout and is dropped with a warning (drafting then scores the full
+  vocabulary; outputs are unchanged, as verification is exact). SafeAILab computes head_dim as hidden /
+  heads: heads of targets with another head_dim (e.g. Qwen3) load in SGLang, not there.
   EAGLE-3: `LlamaForCausalLMEagle3`, `midlayer.*`, `d2t` (offsets), `t2d`.
 * `"speculators"` (EAGLE-3 only): vLLM's `speculators` format: `config.json` with
   `speculators_model_type: "eagle3"`, a Llama `transformer_layer_config`, `draft_vocab_size`,
@@ -18,8 +22,9 @@
 
 `EagleDraftModel.from_pretrained` reads all three (`is_speculators_config` picks the translation below). Only
 speculators EAGLE-3 heads that compute what the official head computes load: one Llama decoder layer, no
-extra norms (`norm_before_residual`, `norm_before_fc`, `fc_norm`, `norm_output` all false); anything else is
-refused by name rather than loaded into a head that would draft something else.
+extra norms (`norm_before_residual`, `norm_before_fc`, `fc_norm`, `norm_output` all false), embeddings borrowed
+from the target (`embed_requires_grad` false); anything else is refused by name rather than loaded into a head
+that would draft something else. Feature layer ids are sorted, as serving stacks concatenate them in layer order.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ logger = logging.getLogger(__name__)
 LAYOUTS = ("hf_eagle2", "official", "speculators")
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose format this writes (read from vllm-project/speculators)
 # speculators switches that change the head's computation; the official EAGLE-3 head has all of them off
-SPECULATORS_UNSUPPORTED_SWITCHES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+SPECULATORS_UNSUPPORTED_SWITCHES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
+                                    "embed_requires_grad")  # fmt: skip
 # transformer_layer_config fields the head's config takes over
 LAYER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                 "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_parameters",
@@ -87,8 +93,10 @@ def _write(folder, config: dict, state: dict[str, torch.Tensor]) -> None:
 
 def _official_eagle12(head) -> tuple[dict, dict[str, torch.Tensor]]:
     config = head.config.to_dict()
-    config.update(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1)
+    config.update(model_type="llama", architectures=["LlamaForCausalLMEagle"], num_hidden_layers=1, bias=True)
     state = _tensors(head)
+    if "fc.bias" not in state:  # SGLang's fc always has a bias: a zero one computes the same
+        state["fc.bias"] = torch.zeros(head.fc.out_features, dtype=head.fc.weight.dtype)
     if config.pop("draft_vocab_size", None) is not None or "d2t" in state:
         logger.warning("the official EAGLE-1/2 layout has no reduced draft vocabulary: it is left out, and "
                        "stacks serving this folder draft over the full vocabulary")  # fmt: skip
@@ -103,12 +111,16 @@ def speculators_config(head, target=None, speculative_tokens: int = 3) -> dict[s
     """The `config.json` of an EAGLE-3 head in vLLM's speculators format."""
     c = head.config
     layer = {name: getattr(c, name) for name in LAYER_FIELDS}
-    layer["rope_theta"] = c.rope_theta  # older readers look for it beside rope_parameters
+    # older readers (transformers 4.x) look for rope_theta / rope_scaling beside rope_parameters
+    layer["rope_theta"], layer["rope_scaling"] = c.rope_theta, c.to_dict()["rope_scaling"]
     layer.update(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1, tie_word_embeddings=False)
     feature_ids = list(c.feature_layer_ids) if c.feature_layer_ids is not None else None
     verifier = {"name_or_path": c.target_model, "architectures": []}
     if target is not None:
         feature_ids = list(head.target_feature_ids(target))
+        # as speculators' own converter: the draft's context never shorter than the target's
+        target_positions = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 0
+        layer["max_position_embeddings"] = max(layer["max_position_embeddings"], target_positions)
         verifier = {"name_or_path": getattr(target, "name_or_path", None) or c.target_model,
                     "architectures": list(target.config.architectures or [type(target).__name__])}  # fmt: skip
     return {
@@ -150,7 +162,8 @@ def official_config_from_speculators(raw: dict[str, Any]) -> dict[str, Any]:
     switched = [name for name in SPECULATORS_UNSUPPORTED_SWITCHES if raw.get(name)]
     if switched:
         raise ValueError(f"this speculators EAGLE-3 head sets {', '.join(switched)}: that head computes something "
-                         "other than the official EAGLE-3 head this package implements, so it is not loaded")  # fmt: skip
+                         "other than the official EAGLE-3 head (with the target's embeddings) this package "
+                         "implements, so it is not loaded")  # fmt: skip
     layer_raw = dict(raw.get("transformer_layer_config") or {})
     # as speculators does: a missing model_type means its default (qwen3) layer, missing fields that type's defaults
     layer_type = layer_raw.pop("model_type", "qwen3")
@@ -171,7 +184,7 @@ def official_config_from_speculators(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("target_hidden_size") is not None:
         out["target_hidden_size"] = raw["target_hidden_size"]
     if raw.get("eagle_aux_hidden_state_layer_ids") is not None:
-        out["feature_layer_ids"] = list(raw["eagle_aux_hidden_state_layer_ids"])
+        out["feature_layer_ids"] = sorted(raw["eagle_aux_hidden_state_layer_ids"])
     verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
     if verifier.get("name_or_path"):
         out["target_model"] = verifier["name_or_path"]

@@ -40,12 +40,6 @@ class Sequence:
     aux_features: torch.Tensor | None = None  # (T, 3 * H) fp16: the EAGLE-3 head's three target layers
 
 
-def first_turn_prompt(tokenizer, conversation: Conversation) -> list[int] | None:
-    """Chat-template ids of the conversation up to its first user turn, with the generation prompt."""
-    prompts = turn_prompts(tokenizer, conversation, max_turns=1)
-    return prompts[0] if prompts else None
-
-
 def turn_prompts(tokenizer, conversation: Conversation, max_turns: int | None = None) -> list[list[int]]:
     """Chat-template ids of the conversation up to each user turn, with the generation prompt (earlier
     assistant turns as written): the prompts whose answers self-distillation asks the target for."""
@@ -159,17 +153,18 @@ def extract_features(
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
     items = []  # (sequence id, ids, loss mask or None): one per conversation, or per user turn with turns="all"
-    for used, conv in enumerate(iter_sharegpt(sharegpt_file, split=split)):
+    used = 0  # conversations that gave at least one sequence (what max_conversations counts)
+    for conv in iter_sharegpt(sharegpt_file, split=split):
         if max_conversations is not None and used >= max_conversations:
             break
         if responses == "target":
             prompts = turn_prompts(tokenizer, conv, max_turns=1 if turns == "first" else None)
-            items += [(f"{conv.id}/{t}", p, None) for t, p in enumerate(prompts) if len(p) <= max_prompt_tokens]
+            kept = [(f"{conv.id}/{t}", p, None) for t, p in enumerate(prompts) if len(p) <= max_prompt_tokens]
         else:
             ids, mask = render_with_loss_mask(tokenizer, conv.messages, max_tokens=max_seq_tokens)
-            if sum(mask) == 0:
-                continue
-            items.append((conv.id, ids, mask))
+            kept = [(conv.id, ids, mask)] if sum(mask) else []
+        items += kept
+        used += bool(kept)
     batches = _batches(items, batch_size)
     meta = {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
             "hidden_size": None, "aux_layers": list(aux_layers), "sequences": len(items)}  # fmt: skip

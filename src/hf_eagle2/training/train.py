@@ -53,13 +53,26 @@ class TrainConfig:
     grad_clip: float = 0.5
     weight_decay: float = 0.0
     ce_weight: float = 0.1
-    noise_std: float = 0.2
+    noise_std: float | None = None  # None: 0.2 for eagle2, 0 for eagle3 (its training-time test replaces it)
     seed: int = 0
     save_every: int = 100
     eval_every: int = 200
     max_steps: int | None = None  # stop early (the schedule still spans `epochs`)
-    unroll: int = 1  # >1: "training-time test" passes on the head's own predictions (see eagle_loss)
+    unroll: int | None = None  # "training-time test" passes on the head's own predictions (see eagle_loss);
+    # None: 1 for eagle2, 3 for eagle3 (which needs >= 2: it is fed its own outputs from depth 2 on)
     head: str = "eagle2"  # "eagle2" (EAGLE-1/2 layout) or "eagle3" (needs features extracted with eagle3=True)
+
+    def __post_init__(self):
+        if self.head not in ("eagle2", "eagle3"):
+            raise ValueError(f"head must be 'eagle2' or 'eagle3', got {self.head!r}")
+        eagle3 = self.head == "eagle3"
+        if self.unroll is None:
+            self.unroll = 3 if eagle3 else 1
+        if self.noise_std is None:
+            self.noise_std = 0.0 if eagle3 else 0.2
+        if eagle3 and self.unroll < 2:
+            raise ValueError("an EAGLE-3 head needs unroll >= 2: without training-time test it never sees its own "
+                             "outputs, which it is fed from depth 2 on (the official recipe unrolls 7)")  # fmt: skip
     snapshot_every_tokens: int | None = None  # also keep head snapshots (for τ-vs-tokens curves)
     threads: int | None = None
 
@@ -172,7 +185,8 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
     `acc` is reported for pass 1 (depth 1), `acc_deep` for the last pass.
 
     EAGLE-3 heads (`Eagle3DraftModel`): pass 1 reads `head.project_features` of the batch's `aux` features,
-    the draft distribution is the head's own (`draft_logits`), and the loss is the CE term alone."""
+    the draft distribution is the head's own (`draft_logits`), the loss is the CE term alone and pass s weighs
+    0.8 ** (s - 1), as in the official recipe."""
     eagle3 = isinstance(head, Eagle3DraftModel)
     ids, feats, mask = batch["ids"], batch["features"], batch["mask"]
     bsz, width, hidden = feats.shape
@@ -199,6 +213,7 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
         target_p = F.softmax(F.linear(target_sel, lm_weight), dim=-1)
     i = torch.arange(steps, device=device)
     past, total, infos = None, 0.0, []
+    weights = [0.8 ** (s - 1) if eagle3 else 1.0 for s in range(1, unroll + 1)]
     for s in range(1, unroll + 1):
         if s == 1:
             pred, kv = head(None, inputs, positions, inputs_embeds=embeds)
@@ -218,10 +233,10 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
         logq = F.log_softmax(draft_logits(pred_sel), dim=-1)
         p = target_p if s == 1 else F.softmax(F.linear(target[pass_sel], lm_weight), dim=-1).detach()
         ce = -(p * logq).sum(-1).mean()
-        total = total + (ce if eagle3 else feature_loss + ce_weight * ce)
+        total = total + weights[s - 1] * (ce if eagle3 else feature_loss + ce_weight * ce)
         with torch.no_grad():
             infos.append((feature_loss.item(), ce.item(), (logq.argmax(-1) == p.argmax(-1)).float().mean().item()))
-    loss = total / unroll
+    loss = total / sum(weights)
     info = {"loss": loss.item(), "feature_loss": infos[0][0], "ce": infos[0][1], "acc": infos[0][2],
             "tokens": int(sel.sum())}  # fmt: skip
     if unroll > 1:
@@ -238,8 +253,6 @@ class Trainer:
         self.progress = progress
         if config.threads:
             torch.set_num_threads(config.threads)
-        if config.head not in ("eagle2", "eagle3"):
-            raise ValueError(f"head must be 'eagle2' or 'eagle3', got {config.head!r}")
         eagle3 = config.head == "eagle3"
         self.data = data or FeatureSet.load(config.data, config.max_seq_len, aux=eagle3)
         self.val = val_data if val_data is not None else (
@@ -311,7 +324,8 @@ class Trainer:
         sums = {"loss": 0.0, "feature_loss": 0.0, "ce": 0.0, "acc": 0.0}
         total = 0
         for indices in epoch_batches(self.val.lengths(), self.config.batch_tokens, 0, 0)[:max_batches]:
-            _, info = eagle_loss(self.head, self.lm_weight, self.val.batch(indices), 0.0, self.config.ce_weight)
+            _, info = eagle_loss(self.head, self.lm_weight, self.val.batch(indices), 0.0, self.config.ce_weight,
+                                 unroll=self.config.unroll)  # fmt: skip
             for k in sums:
                 sums[k] += info[k] * info["tokens"]
             total += info["tokens"]
