@@ -33,7 +33,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) -m hf_eagle2.cli bench --dataset mtbench,humaneval --limit 5 --max-new-tokens 256 --methods plain,plain_stock,prompt_lookup,assisted_chain,eagle2,eagle2_ngram,eagle2_fixed --out runs/bench/results.json --readme README.md
+	$(PY) -m hf_eagle2.cli bench --dataset mtbench,humaneval --limit mtbench=10,humaneval=20 --max-new-tokens 256 --methods plain,plain_stock,prompt_lookup,assisted_chain,eagle2 --out runs/bench/results.json --readme README.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache
