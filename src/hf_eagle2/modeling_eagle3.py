@@ -52,6 +52,12 @@ from .head_formats import save_head
 from .modeling_eagle import EagleAttention, EagleDraftModel, HeadKV, KVCache, _TargetBinding
 
 
+def official_feature_ids(num_layers: int) -> tuple[int, ...]:
+    """The `hidden_states` entries official EAGLE-3 reads from a target of `num_layers` layers: 2, L // 2, L - 3
+    (the inputs of those decoder layers), in layer order."""
+    return tuple(sorted([2, num_layers // 2, num_layers - 3]))
+
+
 class Eagle3Attention(EagleAttention):
     """`EagleAttention` whose q/k/v projections read the 2H-wide concat(embedding, feature)."""
 
@@ -176,7 +182,7 @@ class Eagle3DraftModel(EagleDraftModel):
         num_layers = target.config.get_text_config().num_hidden_layers
         ids = self.config.feature_layer_ids
         if ids is None:
-            ids = sorted([2, num_layers // 2, num_layers - 3])
+            ids = official_feature_ids(num_layers)
         ids = tuple(int(i) for i in ids)
         if len(ids) != 3 or not all(0 <= i < num_layers for i in ids):
             raise ValueError(

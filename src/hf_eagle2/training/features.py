@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from ..modeling_eagle3 import official_feature_ids
 from ..target import causal_lm_forward
 from .data import Conversation, iter_sharegpt, render_with_loss_mask
 
@@ -53,9 +54,8 @@ def turn_prompts(tokenizer, conversation: Conversation, max_turns: int | None = 
 
 
 def aux_layer_ids(model) -> tuple[int, ...]:
-    """The three `hidden_states` entries an EAGLE-3 head of `model` reads (official choice: 2, L // 2, L - 3)."""
-    layers = model.config.get_text_config().num_hidden_layers
-    return tuple(sorted([2, layers // 2, layers - 3]))
+    """The three `hidden_states` entries an EAGLE-3 head of `model` reads (`official_feature_ids`)."""
+    return official_feature_ids(model.config.get_text_config().num_hidden_layers)
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
