@@ -129,11 +129,12 @@ def eagle_generate(
         scores_out.append(processed[0])
         logits_out.append(raw[0])
     budget = None
-    if options.per_round_budget:
+    per_round_budget = options.per_round_budget  # read before resolving: it asks whether a size is "auto"
+    options = options.resolved(device)
+    if per_round_budget:
         from .autotune import round_budget
 
-        budget = round_budget(model, draft.bind(model), options.resolved(device).top_k)
-    options = options.resolved(device)
+        budget = round_budget(model, draft.bind(model), options.top_k)
     # the head's context starts where this call's prefill does: the reused part has no features here, and the
     # head only proposes, so a shorter head context costs acceptance, never exactness
     drafter = EagleDrafter(draft, model, options, timer=timer, budget=budget, context_start=cached)
