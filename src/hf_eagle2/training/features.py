@@ -14,18 +14,21 @@ Two sources of assistant text:
 Storage: fp16 shards (`shard_00000.safetensors`, one per batch) with `input_ids` (N,), `features` (N, H),
 optionally `aux_features` (N, 3 * H), `loss_mask` (N,) and `offsets` (S + 1,) over the S sequences. Shards are
 written atomically and named by their batch index over a deterministic ordering of the data, so a stopped run
-resumes where it left off.
+resumes where it left off. They are read back memory-mapped (`open_shard`): an EAGLE-3 set (4.6 kB per token for
+SmolLM2) outgrows RAM at a few million tokens, and the page cache then holds what training touches.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
-from safetensors.torch import load_file, save_file
+import numpy as np
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..modeling_eagle3 import official_feature_ids
@@ -228,13 +231,41 @@ def _shard_tokens(out_dir: str, index: int) -> int:
         return int(f.get_slice("offsets")[-1:][0])
 
 
+_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
+           "I64": torch.int64, "U8": torch.uint8, "BOOL": torch.bool}  # fmt: skip
+
+
+def open_shard(path: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors shard as views of a copy-on-write memory map of the file: nothing is read
+    until touched and nothing is copied into the process, so a feature set larger than RAM trains from the page
+    cache. (safetensors' own loaders copy every tensor.)"""
+    with open(path, "rb") as f:
+        (header_size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_size))
+    data = np.memmap(path, dtype=np.uint8, mode="c", offset=8 + header_size)
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        dtype = _DTYPES[info["dtype"]]
+        raw = torch.from_numpy(data[start:end])
+        tensors[name] = (raw.view(dtype) if raw.numel() else torch.empty(0, dtype=dtype)).view(info["shape"])
+    return tensors
+
+
+def shard_paths(folders: list[str]) -> list[str]:
+    """Every shard under the given folders, in folder then shard order."""
+    return [os.path.join(folder, name) for folder in folders
+            for name in sorted(f for f in os.listdir(folder) if f.startswith("shard_") and f.endswith(".safetensors"))]  # fmt: skip
+
+
 def iter_shards(paths: list[str]) -> Iterator[Sequence]:
-    """Sequences of every shard under the given folders, in shard order."""
-    for folder in paths:
-        for name in sorted(f for f in os.listdir(folder) if f.startswith("shard_") and f.endswith(".safetensors")):
-            data = load_file(os.path.join(folder, name))
-            offsets = data["offsets"].tolist()
-            aux = data.get("aux_features")
-            for a, b in zip(offsets[:-1], offsets[1:]):
-                yield Sequence(data["input_ids"][a:b].long(), data["features"][a:b], data["loss_mask"][a:b].bool(),
-                               None if aux is None else aux[a:b])  # fmt: skip
+    """Sequences of every shard under the given folders, in shard order (views of the memory-mapped shards)."""
+    for path in shard_paths(paths):
+        data = open_shard(path)
+        offsets = data["offsets"].tolist()
+        aux = data.get("aux_features")
+        for a, b in zip(offsets[:-1], offsets[1:]):
+            yield Sequence(data["input_ids"][a:b].long(), data["features"][a:b], data["loss_mask"][a:b].bool(),
+                           None if aux is None else aux[a:b])  # fmt: skip

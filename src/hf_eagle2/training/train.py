@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from ..modeling_eagle import EagleDraftModel
 from ..modeling_eagle3 import Eagle3DraftModel
-from .features import iter_shards
+from .features import open_shard, shard_paths
 
 
 @dataclass
@@ -79,36 +79,45 @@ class TrainConfig:
 
 @dataclass
 class FeatureSet:
-    """All sequences in memory: ids (N,), features (N, H) fp16, mask (N,) bool, offsets (S + 1,), and for
-    EAGLE-3 aux (N, 3H) fp16."""
+    """Training sequences: ids (N,) int64, mask (N,) bool and offsets (S + 1,) in memory; features (N, H) and,
+    for EAGLE-3, aux (N, 3H) fp16 either as one tensor each or, as `load` gives them, a list of memory-mapped
+    per-shard tensors with `rows` (S, 2) = (shard, first row) of each sequence in them (the features are ~99% of
+    the bytes; the page cache, not the process, holds them)."""
 
     ids: torch.Tensor
-    features: torch.Tensor
+    features: torch.Tensor | list[torch.Tensor]
     mask: torch.Tensor
     offsets: torch.Tensor
-    aux: torch.Tensor | None = None
+    aux: torch.Tensor | list[torch.Tensor] | None = None
+    rows: torch.Tensor | None = None
 
     @staticmethod
     def load(folders: list[str], max_seq_len: int, aux: bool = False) -> "FeatureSet":
-        """aux: also load the EAGLE-3 features (an error if a shard has none)."""
-        ids, feats, masks, auxs, lengths = [], [], [], [], []
-        for seq in iter_shards(folders):
-            n = min(seq.input_ids.numel(), max_seq_len)
-            if n < 3 or not bool(seq.loss_mask[1:n].any()):
-                continue
-            if aux and seq.aux_features is None:
-                raise ValueError(f"{folders}: shards without aux_features; extract with eagle3=True (--eagle3) "
-                                 "to train an EAGLE-3 head")  # fmt: skip
-            ids.append(seq.input_ids[:n])
-            feats.append(seq.features[:n])
-            masks.append(seq.loss_mask[:n])
+        """Sequences of every shard, cut to max_seq_len; those with no assistant token to predict are skipped.
+        aux: also use the EAGLE-3 features (an error if a shard has none)."""
+        ids, masks, rows, lengths, feats, auxs = [], [], [], [], [], []
+        for path in shard_paths(folders):
+            shard = open_shard(path)
+            if aux and "aux_features" not in shard:
+                raise ValueError(f"{path}: a shard without aux_features; extract with eagle3=True (--eagle3) to "
+                                 "train an EAGLE-3 head")  # fmt: skip
+            offsets = shard["offsets"].tolist()
+            for a, b in zip(offsets[:-1], offsets[1:]):
+                n = min(b - a, max_seq_len)
+                mask = shard["loss_mask"][a : a + n].bool()
+                if n < 3 or not bool(mask[1:].any()):
+                    continue
+                ids.append(shard["input_ids"][a : a + n].long())
+                masks.append(mask)
+                rows.append((len(feats), a))
+                lengths.append(n)
+            feats.append(shard["features"])
             if aux:
-                auxs.append(seq.aux_features[:n])
-            lengths.append(n)
+                auxs.append(shard["aux_features"])
         if not ids:
             raise ValueError(f"no usable sequences in {folders}")
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(lengths).cumsum(0)])
-        return FeatureSet(torch.cat(ids), torch.cat(feats), torch.cat(masks), offsets, torch.cat(auxs) if aux else None)
+        return FeatureSet(torch.cat(ids), feats, torch.cat(masks), offsets, auxs if aux else None, torch.tensor(rows))
 
     @property
     def num_sequences(self) -> int:
@@ -121,22 +130,31 @@ class FeatureSet:
     def lengths(self) -> torch.Tensor:
         return self.offsets[1:] - self.offsets[:-1]
 
+    def _rows(self, source, i: int, n: int) -> torch.Tensor:
+        """Rows of sequence i in `source` (features or aux), as stored (fp16)."""
+        if self.rows is None:
+            a = int(self.offsets[i])
+            return source[a : a + n]
+        shard, a = self.rows[i].tolist()
+        return source[shard][a : a + n]
+
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
         """Right-padded batch of sequences: ids (B, T), features (B, T, H) float, mask (B, T), and with aux
         features aux (B, T, 3H) float."""
         lengths = [int(self.offsets[i + 1] - self.offsets[i]) for i in indices]
         width = max(lengths)
+        hidden = self._rows(self.features, indices[0], 1).shape[-1]
         ids = torch.zeros(len(indices), width, dtype=torch.long)
-        feats = torch.zeros(len(indices), width, self.features.shape[-1])
-        aux = None if self.aux is None else torch.zeros(len(indices), width, self.aux.shape[-1])
+        feats = torch.zeros(len(indices), width, hidden)
+        aux = None if self.aux is None else torch.zeros(len(indices), width, self._rows(self.aux, indices[0], 1).shape[-1])
         mask = torch.zeros(len(indices), width, dtype=torch.bool)
         for row, (i, n) in enumerate(zip(indices, lengths)):
             a = int(self.offsets[i])
             ids[row, :n] = self.ids[a : a + n]
-            feats[row, :n] = self.features[a : a + n].float()
+            feats[row, :n] = self._rows(self.features, i, n).float()
             mask[row, :n] = self.mask[a : a + n]
             if aux is not None:
-                aux[row, :n] = self.aux[a : a + n].float()
+                aux[row, :n] = self._rows(self.aux, i, n).float()
         return {"ids": ids, "features": feats, "mask": mask} | ({} if aux is None else {"aux": aux})
 
 
