@@ -1,4 +1,4 @@
-"""Evaluation prompts (MT-bench, HumanEval, a built-in smoke list) and `eval_head`: τ of a head under real
+"""Evaluation prompts (MT-bench, HumanEval, ShareGPT's held-out split, a built-in smoke list) and `eval_head`: τ of a head under real
 EAGLE-2 generation, with the calibration log of every drafted node."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from .assets import humaneval_problems, mtbench_questions
 from .calibration import calibration_report, merge_logs
+from .training.data import iter_sharegpt
 
 BUILTIN_PROMPTS = [
     "Write a short poem about the sea.",
@@ -20,7 +21,8 @@ BUILTIN_PROMPTS = [
     "What is the difference between a list and a tuple in Python?",
     "Summarize the water cycle for a ten year old.",
 ]
-DATASETS = ("mtbench", "humaneval", "builtin")
+DATASETS = ("mtbench", "humaneval", "sharegpt", "builtin")
+SHAREGPT_PROMPT_CHARS = 2000  # held-out first turns longer than this are skipped (pasted documents, not chat)
 
 
 @dataclass
@@ -30,11 +32,16 @@ class Prompt:
 
 
 def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
-    """First-turn chat prompts of a dataset. HumanEval prompts are the problem's code, given as the user turn."""
+    """First-turn chat prompts of a dataset. HumanEval prompts are the problem's code, given as the user turn;
+    "sharegpt" is the first user turn of each conversation of the held-out split (`training.data.is_heldout`),
+    the data no head here trains on."""
     if dataset == "mtbench":
         items = [Prompt(f"mtbench-{q['question_id']}", [{"role": "user", "content": q["turns"][0]}]) for q in mtbench_questions()]
     elif dataset == "humaneval":
         items = [Prompt(p["task_id"], [{"role": "user", "content": p["prompt"]}]) for p in humaneval_problems()]
+    elif dataset == "sharegpt":
+        items = [Prompt(f"sharegpt-{c.id}", c.messages[:1]) for c in iter_sharegpt(split="validation")
+                 if c.messages[0]["role"] == "user" and len(c.messages[0]["content"]) <= SHAREGPT_PROMPT_CHARS]  # fmt: skip
     elif dataset == "builtin":
         items = [Prompt(f"builtin-{i}", [{"role": "user", "content": t}]) for i, t in enumerate(BUILTIN_PROMPTS)]
     else:
