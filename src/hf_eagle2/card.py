@@ -7,6 +7,7 @@
      "eval": {...eval_head() output, incl. calibration...},
      "speed": {"mtbench": {"speedup": ..., ...}, ...}        (optional, from `hf-eagle2 bench`)
      "curve": [{"tokens_seen": ..., "tau_mtbench": ...}, ...] (optional)
+     "comparison": [{"name": ..., "tau": {dataset: τ}, "head_parameters": ..., "tokens_seen": ...}, ...] (optional)
      "commands": {"train": ..., "eval": ..., "bench": ..., "card": ...}}
 """
 
@@ -23,6 +24,17 @@ SHAREGPT_HUB = "anon8231489123/ShareGPT_Vicuna_unfiltered"
 DEFAULT_NAME = "smollm2-135m-instruct-eagle2"
 
 
+def is_eagle3(results: dict) -> bool:
+    return results.get("training", {}).get("config", {}).get("head") == "eagle3"
+
+
+def acceptance_by_depth(accept_hist: list[int]) -> list[float | None]:
+    """From a histogram of draft tokens accepted per round (`EagleStats.accept_hist`): for d = 1, 2, ... the
+    share of rounds that reached depth d - 1 and accepted depth d too (None where no round reached d - 1)."""
+    reached = [sum(accept_hist[d:]) for d in range(len(accept_hist))]
+    return [reached[d] / reached[d - 1] if reached[d - 1] else None for d in range(1, len(accept_hist))]
+
+
 def card_metadata(results: dict) -> dict:
     """The card's YAML metadata.
 
@@ -33,7 +45,8 @@ def card_metadata(results: dict) -> dict:
     return {
         "base_model": results.get("base_model", "HuggingFaceTB/SmolLM2-135M-Instruct"),
         "license": "apache-2.0",
-        "tags": ["eagle", "eagle-2", "speculative-decoding", "draft-model", "hf-eagle2"],
+        "tags": ["eagle", "eagle-3" if is_eagle3(results) else "eagle-2", "speculative-decoding", "draft-model",
+                 "hf-eagle2"],
         "datasets": [SHAREGPT_HUB],
         "language": ["en"],
     }
@@ -70,11 +83,13 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     else:
         load = f'"path/to/{name}")  # this folder (its Hub repo id `user/name` once pushed)'
     tree = ev.get("tree", {})
+    eagle3 = is_eagle3(results)
+    unroll = cfg.get("unroll") or 1
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", ""]
     lines += [
         f"# {name}",
         "",
-        f"An **EAGLE-2 draft head** for [{base}](https://huggingface.co/{base}), trained and evaluated with "
+        f"An **{'EAGLE-3' if eagle3 else 'EAGLE-2'} draft head** for [{base}](https://huggingface.co/{base}), trained and evaluated with "
         "the `hf_eagle2` package on CPU. It proposes a dynamic tree of draft tokens that the target "
         "verifies in one forward pass; greedy output is token-identical to plain `generate`.",
         "",
@@ -109,6 +124,7 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     if speed.get("note"):
         lines += ["", speed["note"]]
     lines += [""]
+    lines += _depth_table(datasets) + _comparison_table(results.get("comparison") or [], list(datasets))
     if commands.get("eval"):
         lines += ["τ and calibration reproduce with:", "", "```bash", commands["eval"], "```", ""]
     if commands.get("bench"):
@@ -141,16 +157,14 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     lines += [
         "## Training",
         "",
-        f"- Architecture: EAGLE-1/2 head (fc 2H->H{' with bias' if cfg.get('bias', True) else ''}, one Llama decoder "
-        f"layer without input norm); the target's embeddings and lm_head are reused. "
+        f"- Architecture: {_architecture(eagle3, cfg)} "
         f"{train.get('head_parameters', 0):,} parameters.",
         f"- Draft vocabulary: {cfg.get('draft_vocab_size') or 'full'} most frequent target tokens of the training "
         "data (the head proposes only these; verification uses the full vocabulary).",
         f"- Data: {results.get('data_description', 'ShareGPT')}.",
         f"- Tokens: {train.get('train_tokens', 0):,} per epoch ({train.get('train_sequences', 0):,} sequences); "
         f"{train.get('tokens_seen', 0):,} tokens seen over {_fmt(train.get('epochs'))} epochs.",
-        f"- Loss: SmoothL1(feature) + {cfg.get('ce_weight', 0.1)} x soft cross-entropy against the target's "
-        f"distribution; uniform feature noise (std parameter {cfg.get('noise_std')}).",
+        f"- Loss: {_loss(eagle3, cfg, unroll)}",
         f"- Optimiser: AdamW (lr {cfg.get('lr')}, warm-up {cfg.get('warmup_steps')} steps, cosine decay), gradient "
         f"clip {cfg.get('grad_clip')}, {cfg.get('batch_tokens')} tokens per batch, seed {cfg.get('seed')}.",
         f"- Wall time: {_fmt(train.get('train_seconds', 0) / 3600)} h of training on {results.get('hardware', 'CPU')}"
@@ -176,10 +190,67 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def _architecture(eagle3: bool, cfg: dict) -> str:
+    if eagle3:
+        return ("EAGLE-3 head (fc 3H->H over three target layers (low, middle, high), one Llama decoder layer whose "
+                "attention reads the normed token embedding and the normed feature (2H), its own lm_head over the "
+                "draft vocabulary with d2t / t2d; its output is fed back as the feature from depth 2 on); the "
+                "target's embeddings are reused.")  # fmt: skip
+    return (f"EAGLE-1/2 head (fc 2H->H{' with bias' if cfg.get('bias', True) else ''}, one Llama decoder layer "
+            "without input norm); the target's embeddings and lm_head are reused.")  # fmt: skip
+
+
+def _loss(eagle3: bool, cfg: dict, unroll: int) -> str:
+    ttt = (f"; training-time test: {unroll} passes, pass s fed the head's own features from pass s - 1"
+           + (", weighted 0.8^(s-1)" if eagle3 else "") if unroll > 1 else "")  # fmt: skip
+    if eagle3:
+        return ("soft cross-entropy against the target's next-token distribution restricted to the draft "
+                f"vocabulary (no feature regression){ttt}; feature noise std {cfg.get('noise_std')}.")
+    return (f"SmoothL1(feature) + {cfg.get('ce_weight', 0.1)} x soft cross-entropy against the target's "
+            f"distribution; uniform feature noise (std parameter {cfg.get('noise_std')}){ttt}.")
+
+
+def _depth_table(datasets: dict) -> list[str]:
+    """Per-depth acceptance of the evaluation run (the rate at which a round that reached depth d - 1 also got
+    depth d accepted)."""
+    rates = {ds: acceptance_by_depth(r.get("accept_hist") or []) for ds, r in datasets.items()}
+    depth = max((len(v) for v in rates.values()), default=0)
+    if not depth:
+        return []
+    lines = ["Acceptance by depth (share of rounds that reached depth d - 1 and had depth d accepted too):", "",
+             "| depth | " + " | ".join(rates) + " |", "|---:|" + "---:|" * len(rates)]  # fmt: skip
+    for d in range(depth):
+        lines.append(f"| {d + 1} | " + " | ".join(_fmt(v[d] if d < len(v) else None) for v in rates.values()) + " |")
+    return lines + [""]
+
+
+def _comparison_table(rows: list[dict], datasets: list[str]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["Side by side (same evaluation settings):", "",
+             "| head | parameters | tokens seen | " + " | ".join(f"τ {ds}" for ds in datasets) + " |",
+             "|---|---:|---:|" + "---:|" * len(datasets)]  # fmt: skip
+    for r in rows:
+        taus = " | ".join(_fmt(r.get("tau", {}).get(ds)) for ds in datasets)
+        lines.append(f"| {r['name']} | {r.get('head_parameters') or 0:,} | {r.get('tokens_seen') or 0:,} | {taus} |")
+    return lines + [""]
+
+
+def comparison_row(name: str, head_folder: str) -> dict:
+    """A side-by-side row from another head folder's results.json (its evaluation and training summary)."""
+    with open(os.path.join(head_folder, "results.json"), encoding="utf-8") as f:
+        other = json.load(f)
+    train = other.get("training", {})
+    return {"name": name, "tau": {ds: r["tau"] for ds, r in other.get("eval", {}).get("datasets", {}).items()},
+            "head_parameters": train.get("head_parameters"), "tokens_seen": train.get("tokens_seen")}  # fmt: skip
+
+
 def assemble_results(folder: str, eval_json: str | None = None, bench_json: str | None = None,
-                     curve_jsons: list[str] | None = None, extra: dict | None = None) -> dict:  # fmt: skip
+                     curve_jsons: list[str] | None = None, extra: dict | None = None,
+                     compare: dict[str, str] | None = None) -> dict:  # fmt: skip
     """Builds `folder/results.json` from the measured outputs: the head's training.json, `eval-head --out`,
-    `bench --out` and `eval-head` runs of training snapshots (the τ curve). Returns the dict."""
+    `bench --out`, `eval-head` runs of training snapshots (the τ curve) and `compare` ({name: other head folder},
+    rows of the side-by-side table after this head's own). Returns the dict."""
     def load(path):
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -220,6 +291,12 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
             results.setdefault("commands", {}).update(value)
         else:
             results[key] = value
+    if compare:
+        this = {"name": results.get("hub_name") or os.path.basename(folder.rstrip("/")),
+                "tau": {ds: r["tau"] for ds, r in results.get("eval", {}).get("datasets", {}).items()},
+                "head_parameters": results.get("training", {}).get("head_parameters"),
+                "tokens_seen": results.get("training", {}).get("tokens_seen")}  # fmt: skip
+        results["comparison"] = [this] + [comparison_row(name, path) for name, path in compare.items()]
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     return results

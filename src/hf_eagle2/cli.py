@@ -150,7 +150,8 @@ def cmd_card(args) -> None:
 
     extra = {key: _json_or_text(value) for key, value in (item.split("=", 1) for item in args.set or [])}
     extra["commands"] = {"card": "hf-eagle2 card " + " ".join(sys.argv[2:])}
-    assemble_results(args.head, args.eval, args.bench, args.curve, extra)
+    compare = dict(item.split("=", 1) for item in args.compare or [])
+    assemble_results(args.head, args.eval, args.bench, args.curve, extra, compare)
     print(write_card(args.head, args.results, args.repo_id))
 
 
@@ -305,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench", default=None, help="bench --out JSON to record in results.json")
     p.add_argument("--curve", nargs="*", default=None, help="eval-head JSONs of training snapshots (τ curve)")
     p.add_argument("--set", nargs="*", default=None, help="KEY=VALUE strings to record (hardware=..., ...)")
+    p.add_argument("--compare", nargs="*", default=None, metavar="NAME=FOLDER",
+                   help="other head folders (with results.json) for the side-by-side table")
     p.add_argument("--repo-id", default=None, help="user/name: the Hub repo the card's usage snippet loads")
     p.set_defaults(func=cmd_card)
 
