@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from .drafter import DEFAULT_CPU_NGRAM
 from .evaluation import Prompt, chat_input_ids, load_prompts
 
 # name -> generate kwargs; FIXED marks the methods that get the fixed tree of `tree_params` (m, depth, k)
@@ -345,7 +346,8 @@ def readme_section(results: dict) -> str:
     out = [f"Measured {meta['date']} on {meta['cpu']} ({meta['cores']} cores, {meta['threads']} threads, torch "
            f"{meta['torch']}), commit `{meta['commit']}`, {meta.get('dtype', 'float32')}, {meta.get('kernels', 'stock')} "
            f"kernels, greedy, max_new_tokens {meta['max_new_tokens']}; fixed trees (eagle2_fixed, ablations) m={tree['m']}, "
-           f"depth {tree['depth']}, k={tree['k']}; eagle2 = the defaults (per-round budget).",
+           f"depth {tree['depth']}, k={tree['k']}; eagle2 = the defaults (per-round budget; on a CPU target also the "
+           f"{DEFAULT_CPU_NGRAM}-token n-gram branch).",
            "", "```bash", meta.get("command", "hf-eagle2 bench"), "```", "", markdown(results)]  # fmt: skip
     ablation = ablation_markdown(results)
     if ablation:
