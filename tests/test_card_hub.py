@@ -7,7 +7,7 @@ import yaml
 from conftest import tiny_model
 
 from hf_eagle2 import EagleDraftModel
-from hf_eagle2.card import parse_front_matter, render_card, write_card
+from hf_eagle2.card import acceptance_by_depth, assemble_results, parse_front_matter, render_card, write_card
 from hf_eagle2.hub import push_head_folder
 
 RESULTS = {
@@ -65,6 +65,37 @@ def test_shipped_card_is_what_the_generator_writes():
         results = json.load(f)
     with open(os.path.join(folder, "README.md"), encoding="utf-8") as f:
         assert f.read() == render_card(results)
+
+
+def test_acceptance_by_depth():
+    # 10 rounds: 4 accepted nothing, 3 one draft token, 2 two, 1 three
+    assert acceptance_by_depth([4, 3, 2, 1]) == [0.6, 0.5, 1 / 3]
+    assert acceptance_by_depth([5, 0, 0]) == [0.0, None]
+    assert acceptance_by_depth([]) == []
+
+
+def test_eagle3_card_and_side_by_side_table(tmp_path):
+    """An EAGLE-3 head's card names its architecture and loss, gives per-depth acceptance, and a side-by-side
+    table built from other heads' results.json."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "results.json").write_text(json.dumps(RESULTS))
+    new = tmp_path / "new"
+    new.mkdir()
+    cfg = RESULTS["training"]["config"] | {"head": "eagle3", "unroll": 3, "noise_std": 0.0}
+    (new / "training.json").write_text(json.dumps(RESULTS["training"] | {"config": cfg, "tokens_seen": 999}))
+    ev = json.loads(json.dumps(RESULTS["eval"]))
+    ev["datasets"]["mtbench"] |= {"tau": 4.25, "accept_hist": [4, 3, 2, 1]}
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    results = assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)},
+                               extra={"hub_name": "someone/new-eagle3"})  # fmt: skip
+    assert [r["name"] for r in results["comparison"]] == ["someone/new-eagle3", "old head"]
+    text = render_card(results)
+    assert "eagle-3" in parse_front_matter(text)["tags"] and "**EAGLE-3 draft head**" in text
+    assert "fc 3H->H" in text and "training-time test: 3 passes" in text and "no feature regression" in text
+    assert "| 1 | 0.60 | - |" in text and "| 3 | 0.33 | - |" in text  # per-depth acceptance, mtbench column
+    assert "| someone/new-eagle3 | 4,203,648 | 999 | 4.25 | 3.40 |" in text
+    assert "| old head | 4,203,648 | 1,234,567 | 3.10 | 3.40 |" in text
 
 
 def test_card_needs_front_matter():

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from hf_eagle2.evaluation import SHAREGPT_PROMPT_CHARS, load_prompts
 from hf_eagle2.training.data import is_heldout, iter_json_array, iter_sharegpt, render_with_loss_mask, sharegpt_path
 from hf_eagle2.training.features import extract_features, iter_shards
 from hf_eagle2.training.train import FeatureSet, TrainConfig, Trainer, eagle_loss, select_draft_vocab
@@ -84,6 +85,23 @@ def test_self_distilled_features(smollm2, tmp_path):
         assert torch.equal(ref[0, start:], s.input_ids[start:])
 
 
+def test_feature_set_reads_shards_memory_mapped(real_features):
+    """FeatureSet keeps the features in the shard files (memory-mapped, not copied) and its batches hold exactly
+    the stored rows, cut to max_seq_len."""
+    data = FeatureSet.load([real_features], 64)
+    assert isinstance(data.features, list) and data.rows is not None
+    seqs = [s for s in iter_shards([real_features]) if s.loss_mask[1 : min(64, s.input_ids.numel())].any()]
+    assert data.num_sequences == len(seqs) and all(n <= 64 for n in data.lengths().tolist())
+    order = [data.num_sequences - 1, 0, 1]
+    batch = data.batch(order)
+    for row, i in enumerate(order):
+        n = min(64, seqs[i].input_ids.numel())
+        assert torch.equal(batch["ids"][row, :n], seqs[i].input_ids[:n])
+        assert torch.equal(batch["features"][row, :n], seqs[i].features[:n].float())
+        assert torch.equal(batch["mask"][row, :n], seqs[i].loss_mask[:n])
+        assert not batch["mask"][row, n:].any()
+
+
 def _config(out, **kw):
     base = dict(data=[], out=str(out), draft_vocab_size=2048, epochs=5, lr=1e-3, warmup_steps=2, batch_tokens=1024,
                 save_every=3, eval_every=10**9, seed=0)  # fmt: skip
@@ -155,3 +173,13 @@ def test_unrolled_pass_equals_inference_drafting():
         node, _ = head(None, pred1[:, i - 1 : i], pos[:, i : i + 1], torch.ones(1, 1, 1, i + 1, dtype=torch.bool), ctx,
                        inputs_embeds=emb[:, i : i + 1])  # fmt: skip
         torch.testing.assert_close(pred2[0, i], node[0, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_sharegpt_eval_prompts_are_held_out_first_turns():
+    """`eval-head --dataset sharegpt` measures τ on conversations no head here was trained on."""
+    prompts = load_prompts("sharegpt", limit=5)
+    assert len(prompts) == 5
+    for p in prompts:
+        assert is_heldout(p.id.removeprefix("sharegpt-"))
+        assert len(p.messages) == 1 and p.messages[0]["role"] == "user"
+        assert len(p.messages[0]["content"]) <= SHAREGPT_PROMPT_CHARS
