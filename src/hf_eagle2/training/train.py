@@ -249,7 +249,7 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
         else:
             feature_loss = F.smooth_l1_loss(pred_sel, target[pass_sel], reduction="none").mean(-1).mean()
         logq = F.log_softmax(draft_logits(pred_sel), dim=-1)
-        p = target_p if s == 1 else F.softmax(F.linear(target[pass_sel], lm_weight), dim=-1).detach()
+        p = target_p if s == 1 else target_p[(i >= s - 1).expand(bsz, steps)[sel]]  # pass_sel's rows of target_p
         ce = -(p * logq).sum(-1).mean()
         total = total + weights[s - 1] * (ce if eagle3 else feature_loss + ce_weight * ce)
         with torch.no_grad():
