@@ -89,13 +89,17 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     results = assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)},
                                extra={"hub_name": "someone/new-eagle3"})  # fmt: skip
-    assert [r["name"] for r in results["comparison"]] == ["someone/new-eagle3", "old head"]
+    assert [r["name"] for r in results["comparison"]] == ["old head"]
     text = render_card(results)
     assert "eagle-3" in parse_front_matter(text)["tags"] and "**EAGLE-3 draft head**" in text
     assert "fc 3H->H" in text and "training-time test: 3 passes" in text and "no feature regression" in text
     assert "| 1 | 0.60 | - |" in text and "| 3 | 0.33 | - |" in text  # per-depth acceptance, mtbench column
     assert "| someone/new-eagle3 | 4,203,648 | 999 | 4.25 | 3.40 |" in text
     assert "| old head | 4,203,648 | 1,234,567 | 3.10 | 3.40 |" in text
+    ev["max_new_tokens"] = 128  # heads evaluated differently are not put side by side
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
 
 
 def test_card_needs_front_matter():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_eagle2.evaluation import SHAREGPT_PROMPT_CHARS, load_prompts
-from hf_eagle2.training.data import is_heldout, iter_json_array, iter_sharegpt, render_with_loss_mask, sharegpt_path
+from hf_eagle2.training.data import conversation_base, is_heldout, iter_json_array, iter_sharegpt, render_with_loss_mask, sharegpt_path
 from hf_eagle2.training.features import extract_features, iter_shards
 from hf_eagle2.training.train import FeatureSet, TrainConfig, Trainer, eagle_loss, select_draft_vocab
 
@@ -90,7 +90,8 @@ def test_feature_set_reads_shards_memory_mapped(real_features):
     the stored rows, cut to max_seq_len."""
     data = FeatureSet.load([real_features], 64)
     assert isinstance(data.features, list) and data.rows is not None
-    seqs = [s for s in iter_shards([real_features]) if s.loss_mask[1 : min(64, s.input_ids.numel())].any()]
+    seqs = [s for s in iter_shards([real_features])
+            if min(64, s.input_ids.numel()) >= 3 and s.loss_mask[1 : min(64, s.input_ids.numel())].any()]
     assert data.num_sequences == len(seqs) and all(n <= 64 for n in data.lengths().tolist())
     order = [data.num_sequences - 1, 0, 1]
     batch = data.batch(order)
@@ -176,10 +177,23 @@ def test_unrolled_pass_equals_inference_drafting():
 
 
 def test_sharegpt_eval_prompts_are_held_out_first_turns():
-    """`eval-head --dataset sharegpt` measures τ on conversations no head here was trained on."""
-    prompts = load_prompts("sharegpt", limit=5)
-    assert len(prompts) == 5
+    """`eval-head --dataset sharegpt`: first turns of held-out conversations none of whose chunks is in the
+    training split."""
+    prompts = load_prompts("sharegpt")
+    trained = {conversation_base(c.id) for c in iter_sharegpt(split="train")}
+    assert len(prompts) >= 100
     for p in prompts:
-        assert is_heldout(p.id.removeprefix("sharegpt-"))
+        cid = p.id.removeprefix("sharegpt-")
+        assert is_heldout(cid) and cid.endswith("_0") and conversation_base(cid) not in trained
         assert len(p.messages) == 1 and p.messages[0]["role"] == "user"
         assert len(p.messages[0]["content"]) <= SHAREGPT_PROMPT_CHARS
+    assert conversation_base("hRPPgZT_11") == "hRPPgZT" and conversation_base("abc") == "abc"
+
+
+def test_a_truncated_shard_is_named(real_features, tmp_path):
+    """A shard cut short (a copy interrupted, a full disk) is an error naming it, not a garbled feature set."""
+    shard = sorted(f for f in os.listdir(real_features) if f.startswith("shard_"))[0]
+    data = open(os.path.join(real_features, shard), "rb").read()
+    (tmp_path / shard).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated"):
+        FeatureSet.load([str(tmp_path)], 64)

@@ -7,7 +7,8 @@
      "eval": {...eval_head() output, incl. calibration...},
      "speed": {"mtbench": {"speedup": ..., ...}, ...}        (optional, from `hf-eagle2 bench`)
      "curve": [{"tokens_seen": ..., "tau_mtbench": ...}, ...] (optional)
-     "comparison": [{"name": ..., "tau": {dataset: τ}, "head_parameters": ..., "tokens_seen": ...}, ...] (optional)
+     "comparison": [{"name": ..., "tau": {dataset: τ}, "head_parameters": ..., "tokens_seen": ...}, ...] (optional:
+                   other heads, evaluated with this head's settings; this head's row is drawn from "eval")
      "commands": {"train": ..., "eval": ..., "bench": ..., "card": ...}}
 """
 
@@ -59,6 +60,10 @@ def is_namespaced(repo_id) -> bool:
 
 def _fmt(value, digits=2):
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _count(value) -> str:
+    return "-" if value is None else f"{value:,}"
 
 
 def render_card(results: dict, repo_id: str | None = None) -> str:
@@ -124,7 +129,11 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     if speed.get("note"):
         lines += ["", speed["note"]]
     lines += [""]
-    lines += _depth_table(datasets) + _comparison_table(results.get("comparison") or [], list(datasets))
+    if results.get("comparison"):
+        this = {"name": name, "tau": {ds: r["tau"] for ds, r in datasets.items()},
+                "head_parameters": train.get("head_parameters"), "tokens_seen": train.get("tokens_seen")}  # fmt: skip
+        lines += _comparison_table([this, *results["comparison"]], list(datasets))
+    lines += _depth_table(datasets)
     if commands.get("eval"):
         lines += ["τ and calibration reproduce with:", "", "```bash", commands["eval"], "```", ""]
     if commands.get("bench"):
@@ -205,7 +214,8 @@ def _loss(eagle3: bool, cfg: dict, unroll: int) -> str:
            + (", weighted 0.8^(s-1)" if eagle3 else "") if unroll > 1 else "")  # fmt: skip
     if eagle3:
         return ("soft cross-entropy against the target's next-token distribution restricted to the draft "
-                f"vocabulary (no feature regression){ttt}; feature noise std {cfg.get('noise_std')}.")
+                f"vocabulary (no feature regression){ttt}; uniform noise on the three-layer inputs (std parameter "
+                f"{cfg.get('noise_std')}).")
     return (f"SmoothL1(feature) + {cfg.get('ce_weight', 0.1)} x soft cross-entropy against the target's "
             f"distribution; uniform feature noise (std parameter {cfg.get('noise_std')}){ttt}.")
 
@@ -225,21 +235,30 @@ def _depth_table(datasets: dict) -> list[str]:
 
 
 def _comparison_table(rows: list[dict], datasets: list[str]) -> list[str]:
-    if not rows:
-        return []
     lines = ["Side by side (same evaluation settings):", "",
              "| head | parameters | tokens seen | " + " | ".join(f"τ {ds}" for ds in datasets) + " |",
              "|---|---:|---:|" + "---:|" * len(datasets)]  # fmt: skip
     for r in rows:
         taus = " | ".join(_fmt(r.get("tau", {}).get(ds)) for ds in datasets)
-        lines.append(f"| {r['name']} | {r.get('head_parameters') or 0:,} | {r.get('tokens_seen') or 0:,} | {taus} |")
+        lines.append(f"| {r['name']} | {_count(r.get('head_parameters'))} | {_count(r.get('tokens_seen'))} | {taus} |")
     return lines + [""]
 
 
-def comparison_row(name: str, head_folder: str) -> dict:
-    """A side-by-side row from another head folder's results.json (its evaluation and training summary)."""
+EVAL_SETTINGS = ("max_new_tokens", "tree")
+
+
+def comparison_row(name: str, head_folder: str, evaluation: dict) -> dict:
+    """A side-by-side row from another head folder's results.json (its evaluation and training summary); an
+    error unless it was evaluated as `evaluation` was (tree, max_new_tokens, prompts per dataset)."""
     with open(os.path.join(head_folder, "results.json"), encoding="utf-8") as f:
         other = json.load(f)
+    theirs = other.get("eval", {})
+    differ = [key for key in EVAL_SETTINGS if theirs.get(key) != evaluation.get(key)]
+    differ += [f"{ds} prompts" for ds, r in evaluation.get("datasets", {}).items()
+               if theirs.get("datasets", {}).get(ds, {}).get("prompts") != r.get("prompts")]  # fmt: skip
+    if differ:
+        raise ValueError(f"{head_folder} was evaluated with other settings ({', '.join(differ)}): evaluate it as this "
+                         "head was (same eval-head command) before putting the two side by side")  # fmt: skip
     train = other.get("training", {})
     return {"name": name, "tau": {ds: r["tau"] for ds, r in other.get("eval", {}).get("datasets", {}).items()},
             "head_parameters": train.get("head_parameters"), "tokens_seen": train.get("tokens_seen")}  # fmt: skip
@@ -292,11 +311,7 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
         else:
             results[key] = value
     if compare:
-        this = {"name": results.get("hub_name") or os.path.basename(folder.rstrip("/")),
-                "tau": {ds: r["tau"] for ds, r in results.get("eval", {}).get("datasets", {}).items()},
-                "head_parameters": results.get("training", {}).get("head_parameters"),
-                "tokens_seen": results.get("training", {}).get("tokens_seen")}  # fmt: skip
-        results["comparison"] = [this] + [comparison_row(name, path) for name, path in compare.items()]
+        results["comparison"] = [comparison_row(name, path, results.get("eval", {})) for name, path in compare.items()]
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     return results

@@ -150,6 +150,8 @@ def cmd_card(args) -> None:
 
     extra = {key: _json_or_text(value) for key, value in (item.split("=", 1) for item in args.set or [])}
     extra["commands"] = {"card": "hf-eagle2 card " + " ".join(sys.argv[2:])}
+    if any("=" not in item for item in args.compare or []):
+        raise SystemExit("hf-eagle2 card: --compare takes NAME=FOLDER entries")
     compare = dict(item.split("=", 1) for item in args.compare or [])
     assemble_results(args.head, args.eval, args.bench, args.curve, extra, compare)
     print(write_card(args.head, args.results, args.repo_id))
@@ -268,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--draft", required=True)
-    p.add_argument("--dataset", default="mtbench,humaneval")
+    p.add_argument("--dataset", default="mtbench,humaneval",
+                   help="comma list of mtbench, humaneval, sharegpt (held-out first turns), builtin")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=256)
     _tree_args(p, total=60, depth=6, top_k=10)
@@ -282,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2", help="local path, GGUF file, package:file.gguf or Hub id")
     p.add_argument("--draft", default=DEFAULT_HEAD)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--dataset", default="mtbench", help="comma list of mtbench, humaneval, builtin")
+    p.add_argument("--dataset", default="mtbench",
+                   help="comma list of mtbench, humaneval, sharegpt (held-out first turns), builtin")
     p.add_argument("--limit", default=None,
                    help="prompts per dataset: N, or per name (mtbench=10,humaneval=20); MT-bench counts questions")
     p.add_argument("--max-new-tokens", type=int, default=256)

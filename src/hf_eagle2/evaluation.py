@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from .assets import humaneval_problems, mtbench_questions
 from .calibration import calibration_report, merge_logs
-from .training.data import iter_sharegpt
+from .training.data import conversation_base, is_heldout, iter_sharegpt
 
 BUILTIN_PROMPTS = [
     "Write a short poem about the sea.",
@@ -33,20 +33,29 @@ class Prompt:
 
 def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
     """First-turn chat prompts of a dataset. HumanEval prompts are the problem's code, given as the user turn;
-    "sharegpt" is the first user turn of each conversation of the held-out split (`training.data.is_heldout`),
-    the data no head here trains on."""
+    "sharegpt": `sharegpt_heldout_first_turns`."""
     if dataset == "mtbench":
         items = [Prompt(f"mtbench-{q['question_id']}", [{"role": "user", "content": q["turns"][0]}]) for q in mtbench_questions()]
     elif dataset == "humaneval":
         items = [Prompt(p["task_id"], [{"role": "user", "content": p["prompt"]}]) for p in humaneval_problems()]
     elif dataset == "sharegpt":
-        items = [Prompt(f"sharegpt-{c.id}", c.messages[:1]) for c in iter_sharegpt(split="validation")
-                 if c.messages[0]["role"] == "user" and len(c.messages[0]["content"]) <= SHAREGPT_PROMPT_CHARS]  # fmt: skip
+        items = sharegpt_heldout_first_turns()
     elif dataset == "builtin":
         items = [Prompt(f"builtin-{i}", [{"role": "user", "content": t}]) for i, t in enumerate(BUILTIN_PROMPTS)]
     else:
         raise ValueError(f"unknown dataset {dataset!r}; choose from {DATASETS}")
     return items[:limit] if limit else items
+
+
+def sharegpt_heldout_first_turns() -> list[Prompt]:
+    """First user turns of held-out ShareGPT conversations (`training.data.is_heldout`) that no training chunk
+    continues: only first chunks (`<base>_0`) of conversations with no chunk in the training split, and at most
+    SHAREGPT_PROMPT_CHARS long. The prompts of a τ comparison between data sources that no head trained on."""
+    conversations = list(iter_sharegpt(split="all"))
+    trained = {conversation_base(c.id) for c in conversations if not is_heldout(c.id)}
+    return [Prompt(f"sharegpt-{c.id}", c.messages[:1]) for c in conversations
+            if is_heldout(c.id) and c.id.endswith("_0") and conversation_base(c.id) not in trained
+            and c.messages[0]["role"] == "user" and len(c.messages[0]["content"]) <= SHAREGPT_PROMPT_CHARS]  # fmt: skip
 
 
 def chat_input_ids(tokenizer, messages: list[dict]) -> torch.Tensor:

@@ -52,6 +52,13 @@ def is_heldout(conversation_id: str) -> bool:
     return int.from_bytes(digest[:4], "big") % 100 < HELDOUT_PERCENT
 
 
+def conversation_base(conversation_id: str) -> str:
+    """ShareGPT cuts long conversations into chunks `<base>_0`, `<base>_1`, ...: the id of the whole one.
+    (The split hashes chunk ids, so the chunks of one conversation can fall on both sides of it.)"""
+    base, sep, index = conversation_id.rpartition("_")
+    return base if sep and index.isdigit() else conversation_id
+
+
 @dataclass
 class Conversation:
     id: str

@@ -248,6 +248,9 @@ def open_shard(path: str) -> dict[str, torch.Tensor]:
         if name == "__metadata__":
             continue
         start, end = info["data_offsets"]
+        if end > data.size or info["dtype"] not in _DTYPES:
+            raise ValueError(f"{path}: tensor {name!r} ({info['dtype']}, bytes {start}-{end}) is truncated or of an "
+                             "unknown dtype; delete the shard and extract again (extraction resumes)")  # fmt: skip
         dtype = _DTYPES[info["dtype"]]
         raw = torch.from_numpy(data[start:end])
         tensors[name] = (raw.view(dtype) if raw.numel() else torch.empty(0, dtype=dtype)).view(info["shape"])
