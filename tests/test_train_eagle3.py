@@ -136,7 +136,7 @@ def test_all_turns_self_distillation_with_eagle3_features(smollm2, tmp_path):
     seqs = list(iter_shards([str(tmp_path)]))
     layers = model.config.num_hidden_layers
     assert meta["aux_layers"] == [2, layers // 2, layers - 3] and meta["turns"] == "all"
-    assert len(seqs) == meta["sequences"] > 2  # one per user turn (of <= 400 prompt tokens) of two conversations
+    assert len(seqs) == meta["sequences_reached"] > 2  # one per user turn (of <= 400 prompt tokens) of two conversations
     s = min(seqs, key=lambda s: s.input_ids.numel())
     with torch.no_grad():
         hs = model(s.input_ids[None], output_hidden_states=True).hidden_states

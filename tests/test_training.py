@@ -72,6 +72,22 @@ def test_extraction_resumes_without_redoing_shards(smollm2, real_features):
     assert before == after
 
 
+def test_extraction_renders_only_the_windows_it_needs(smollm2, tmp_path):
+    """Items are built window by window (batch_size * 8 sequences, sorted by length), so a small budget renders
+    one window, not the dataset, and writes the shortest sequence of that window first."""
+    model, tokenizer = smollm2
+    meta = extract_features(model, tokenizer, str(tmp_path), responses="sharegpt", max_conversations=12,
+                            max_seq_tokens=256, batch_size=1, max_tokens=1, progress=False)  # fmt: skip
+    assert meta["shards"] == 1 and meta["sequences_reached"] == 8
+    lengths = []
+    for conv in iter_sharegpt(split="train"):
+        ids, mask = render_with_loss_mask(tokenizer, conv.messages, max_tokens=256)
+        lengths += [len(ids)] if sum(mask) else []
+        if len(lengths) == 8:
+            break
+    assert next(iter_shards([str(tmp_path)])).input_ids.numel() == min(lengths)
+
+
 def test_self_distilled_features(smollm2, tmp_path):
     model, tokenizer = smollm2
     meta = extract_features(model, tokenizer, str(tmp_path), responses="target", max_conversations=2,

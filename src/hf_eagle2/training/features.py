@@ -113,13 +113,23 @@ def forward_features(model, rows: list[list[int]], pad_id: int, aux_layers: tupl
     return final, [hidden[i, width - len(r) :, :-size].float().cpu() for i, r in enumerate(rows)]
 
 
-def _batches(items: list, batch_size: int, bucket: int = 8) -> list[list]:
-    """Deterministic batches of similar lengths: sort each window of batch_size * bucket items by length."""
-    out = []
-    for start in range(0, len(items), batch_size * bucket):
-        window = sorted(items[start : start + batch_size * bucket], key=lambda item: len(item[1]))
-        out += [window[i : i + batch_size] for i in range(0, len(window), batch_size)]
-    return out
+def _batches(items: list, batch_size: int, bucket: int = 8) -> Iterator[list]:
+    """Deterministic batches of similar lengths: each window of batch_size * bucket consecutive items, sorted by
+    length, cut into batches. `items` may be a lazy iterator: a window is built only when it is reached, so a
+    run with a small token budget (or one resuming early in the data) does not render the whole dataset first."""
+    window = []
+    for item in items:
+        window.append(item)
+        if len(window) == batch_size * bucket:
+            yield from _sorted_window(window, batch_size)
+            window = []
+    if window:
+        yield from _sorted_window(window, batch_size)
+
+
+def _sorted_window(window: list, batch_size: int) -> list[list]:
+    ordered = sorted(window, key=lambda item: len(item[1]))
+    return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
 
 
 def extract_features(
@@ -155,25 +165,27 @@ def extract_features(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
-    items = []  # (sequence id, ids, loss mask or None): one per conversation, or per user turn with turns="all"
-    used = 0  # conversations that gave at least one sequence (what max_conversations counts)
-    for conv in iter_sharegpt(sharegpt_file, split=split):
-        if max_conversations is not None and used >= max_conversations:
-            break
-        if responses == "target":
-            prompts = turn_prompts(tokenizer, conv, max_turns=1 if turns == "first" else None)
-            kept = [(f"{conv.id}/{t}", p, None) for t, p in enumerate(prompts) if len(p) <= max_prompt_tokens]
-        else:
-            ids, mask = render_with_loss_mask(tokenizer, conv.messages, max_tokens=max_seq_tokens)
-            kept = [(conv.id, ids, mask)] if sum(mask) else []
-        items += kept
-        used += bool(kept)
-    batches = _batches(items, batch_size)
+    counts = {"sequences": 0, "conversations": 0}
+
+    def items():  # (sequence id, ids, loss mask or None): one per conversation, or per user turn with turns="all"
+        for conv in iter_sharegpt(sharegpt_file, split=split):
+            if max_conversations is not None and counts["conversations"] >= max_conversations:
+                return  # max_conversations counts conversations that gave at least one sequence
+            if responses == "target":
+                prompts = turn_prompts(tokenizer, conv, max_turns=1 if turns == "first" else None)
+                kept = [(f"{conv.id}/{t}", p, None) for t, p in enumerate(prompts) if len(p) <= max_prompt_tokens]
+            else:
+                ids, mask = render_with_loss_mask(tokenizer, conv.messages, max_tokens=max_seq_tokens)
+                kept = [(conv.id, ids, mask)] if sum(mask) else []
+            counts["sequences"] += len(kept)
+            counts["conversations"] += bool(kept)
+            yield from kept
+
     meta = {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
-            "hidden_size": None, "aux_layers": list(aux_layers), "sequences": len(items)}  # fmt: skip
-    done_tokens = sum(_shard_tokens(out_dir, i) for i in range(len(batches)))
+            "hidden_size": None, "aux_layers": list(aux_layers)}  # fmt: skip
+    done_tokens = sum(_shard_tokens(path) for path in shard_paths([out_dir]))
     bar = tqdm(total=max_tokens or None, initial=done_tokens, unit="tok", desc=f"features[{responses}]", disable=not progress)
-    for index, batch in enumerate(batches):
+    for index, batch in enumerate(_batches(items(), batch_size)):
         path = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
         if os.path.exists(path):
             continue
@@ -196,6 +208,7 @@ def extract_features(
         done_tokens += num
         bar.update(num)
     bar.close()
+    meta["sequences_reached"] = counts["sequences"]  # items rendered up to the stop (all of them without a budget)
     meta["tokens"] = done_tokens
     meta["shards"] = sum(1 for f in os.listdir(out_dir) if f.startswith("shard_"))
     with open(os.path.join(out_dir, "meta.json"), "w") as f:
@@ -221,10 +234,7 @@ def write_shard(path: str, seqs: list[Sequence], ids: list[str] | None = None) -
     return int(lengths.sum())
 
 
-def _shard_tokens(out_dir: str, index: int) -> int:
-    path = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
-    if not os.path.exists(path):
-        return 0
+def _shard_tokens(path: str) -> int:
     from safetensors import safe_open
 
     with safe_open(path, "pt") as f:
