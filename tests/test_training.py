@@ -126,10 +126,11 @@ def _config(out, **kw):
     return TrainConfig(**base)
 
 
-def test_a_few_steps_reduce_the_loss(smollm2, real_features, tmp_path):
+@pytest.mark.parametrize("autocast", [None, "bfloat16"])
+def test_a_few_steps_reduce_the_loss(smollm2, real_features, tmp_path, autocast):
     model, _ = smollm2
     data = FeatureSet.load([real_features], 256)
-    trainer = Trainer(_config(tmp_path, max_steps=12), model, data=data, progress=False)
+    trainer = Trainer(_config(tmp_path, max_steps=12, autocast=autocast), model, data=data, progress=False)
     batch = data.batch(list(range(min(4, data.num_sequences))))
     with torch.no_grad():
         before, _ = eagle_loss(trainer.head, trainer.lm_weight, batch, 0.0, 0.1)

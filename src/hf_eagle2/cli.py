@@ -67,7 +67,7 @@ def cmd_train(args) -> None:
         max_seq_len=args.max_seq_len, grad_clip=args.grad_clip, ce_weight=args.ce_weight,
         noise_std=args.noise_std,
         seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, max_steps=args.max_steps,
-        snapshot_every_tokens=args.snapshot_every_tokens, unroll=args.unroll, head=args.head,
+        snapshot_every_tokens=args.snapshot_every_tokens, unroll=args.unroll, head=args.head, autocast=args.autocast,
     )  # fmt: skip
     trainer = Trainer(config, model)
     print(f"train: {trainer.data.num_sequences} sequences, {trainer.data.num_tokens} tokens, "
@@ -255,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-std", type=float, default=None, help="feature noise (default 0.2; EAGLE-3: 0)")
     p.add_argument("--head", choices=["eagle2", "eagle3"], default="eagle2",
                    help="eagle2: EAGLE-1/2 layout; eagle3: needs features extracted with --eagle3")
+    p.add_argument("--autocast", choices=["bfloat16"], default=None,
+                   help="run the training step's matmuls in bf16 (weights, optimizer and evaluation stay fp32)")
     p.add_argument("--unroll", type=int, default=None,
                    help="training-time-test passes on the head's own predictions (default 1; EAGLE-3: 3)")
     p.add_argument("--seed", type=int, default=0)

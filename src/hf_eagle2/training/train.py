@@ -70,11 +70,15 @@ class TrainConfig:
             self.unroll = 3 if eagle3 else 1
         if self.noise_std is None:
             self.noise_std = 0.0 if eagle3 else 0.2
+        if self.autocast not in (None, "bfloat16"):
+            raise ValueError(f"autocast must be None or 'bfloat16', got {self.autocast!r}")
         if eagle3 and self.unroll < 2:
             raise ValueError("an EAGLE-3 head needs unroll >= 2: without training-time test it never sees its own "
                              "outputs, which it is fed from depth 2 on (the official recipe unrolls 7)")  # fmt: skip
     snapshot_every_tokens: int | None = None  # also keep head snapshots (for τ-vs-tokens curves)
     threads: int | None = None
+    autocast: str | None = None  # "bfloat16": the training step's matmuls in bf16 (fp32 weights, optimizer and
+    # evaluation); on this 2-core Xeon (AMX) 1.78x the tokens/s of an EAGLE-2 step, 1.54x of an EAGLE-3 one
 
 
 @dataclass
@@ -355,8 +359,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.step)
         generator = torch.Generator().manual_seed(c.seed * 7919 + self.step)
-        loss, info = eagle_loss(self.head, self.lm_weight, self.data.batch(indices), c.noise_std, c.ce_weight, generator,
-                                c.unroll)  # fmt: skip
+        with torch.autocast(self.lm_weight.device.type, dtype=torch.bfloat16, enabled=c.autocast == "bfloat16"):
+            loss, info = eagle_loss(self.head, self.lm_weight, self.data.batch(indices), c.noise_std, c.ce_weight,
+                                    generator, c.unroll)  # fmt: skip
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         info["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), c.grad_clip))
