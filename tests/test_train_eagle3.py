@@ -142,3 +142,13 @@ def test_all_turns_self_distillation_with_eagle3_features(smollm2, tmp_path):
         hs = model(s.input_ids[None], output_hidden_states=True).hidden_states
     ref = torch.cat([hs[i] for i in meta["aux_layers"]], dim=-1)[0]
     torch.testing.assert_close(s.aux_features.float(), ref, atol=3e-2, rtol=3e-3)  # fp16 storage, padded batch
+
+
+@pytest.mark.parametrize("head_class", [EagleDraftModel, Eagle3DraftModel])
+def test_smollm2_heads_stay_under_a_tenth_of_the_target(smollm2, head_class):
+    """Issue 9's size bound: the trained heads' own parameters (8192-token draft vocabulary; the target's
+    embeddings, borrowed, not counted) are at most 10% of SmolLM2's."""
+    model, _ = smollm2
+    head = head_class.from_target(model, draft_vocab=torch.arange(8192), seed=0)
+    target = sum(p.numel() for p in model.parameters())
+    assert head.num_head_parameters() <= 0.10 * target, (head.num_head_parameters(), target)
