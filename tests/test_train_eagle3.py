@@ -109,6 +109,12 @@ def test_a_tiny_eagle3_head_learns_and_stays_lossless(target, tmp_path):
                           tree="eagle2", tree_total_tokens=10, return_dict_in_generate=True)  # fmt: skip
     assert torch.equal(out.sequences, plain)
     assert out.eagle_stats.new_tokens / out.eagle_stats.target_forwards > 1.5  # the trained head gets accepted
+    config.init, config.out = str(tmp_path / "head"), str(tmp_path / "run2")  # a new run from the saved head
+    warm = Trainer(config, target, data=data, progress=False)
+    with torch.no_grad():
+        resumed, resumed_info = eagle_loss(warm.head, warm.lm_weight, batch, 0.0, 0.1, unroll=3)
+    assert torch.equal(warm.head.d2t, trainer.head.d2t) and resumed_info["acc"] == info["acc"]
+    assert abs(resumed.item() - after.item()) < 1e-5
 
 
 def test_eagle3_training_needs_aux_features(target, tmp_path):

@@ -152,6 +152,44 @@ def test_resume_reproduces_an_uninterrupted_run(smollm2, real_features, tmp_path
         assert torch.equal(a, b), name
 
 
+def test_resume_refuses_a_checkpoint_of_other_data_or_settings(smollm2, real_features, tmp_path):
+    """A checkpoint resumes only the run it belongs to: other data (e.g. a feature folder that grew) or another
+    schedule would silently mix two runs (and re-select the draft vocabulary under trained weights)."""
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 256)
+    Trainer(_config(tmp_path, max_steps=3), model, data=data, progress=False).run(resume=False)
+    with pytest.raises(ValueError, match=r"lr: 0.001 -> 0.002"):
+        Trainer(_config(tmp_path, max_steps=6, lr=2e-3), model, data=data, progress=False).load_checkpoint()
+    fewer = FeatureSet.load([real_features], 128)  # the same folder read differently: fewer tokens
+    with pytest.raises(ValueError, match="data_tokens"):
+        Trainer(_config(tmp_path, max_steps=6), model, data=fewer, progress=False).load_checkpoint()
+    assert Trainer(_config(tmp_path, max_steps=6, save_every=5), model, data=data, progress=False).load_checkpoint()
+
+
+def test_init_starts_a_new_run_from_a_trained_head(smollm2, real_features, tmp_path):
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 256)
+    first = Trainer(_config(tmp_path / "a", max_steps=6), model, data=data, progress=False)
+    first.run(resume=False)
+    first.save_head(str(tmp_path / "head"))
+    second = Trainer(_config(tmp_path / "b", max_steps=2, init=str(tmp_path / "head"), lr=3e-4), model, data=data,
+                     progress=False)  # fmt: skip
+    for (name, a), (_, b) in zip(first.head.state_dict().items(), second.head.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert torch.equal(first.lm_weight, second.lm_weight)  # the head's draft vocabulary, not a re-selected one
+    batch = data.batch(list(range(min(4, data.num_sequences))))
+    fresh = Trainer(_config(tmp_path / "c", max_steps=2), model, data=data, progress=False)
+    with torch.no_grad():
+        warm, _ = eagle_loss(second.head, second.lm_weight, batch, 0.0, 0.1)
+        cold, _ = eagle_loss(fresh.head, fresh.lm_weight, batch, 0.0, 0.1)
+    assert warm.item() < 0.9 * cold.item()
+    second.run(resume=False)
+    with pytest.raises(ValueError, match="--draft-vocab-size 2048"):
+        Trainer(_config(tmp_path / "d", init=str(tmp_path / "head"), draft_vocab_size=1024), model, data=data)
+    with pytest.raises(ValueError, match="EAGLE-1/2 head"):
+        Trainer(_config(tmp_path / "e", init=str(tmp_path / "head"), head="eagle3"), model, data=data)
+
+
 def test_draft_vocabulary_selection():
     counts = torch.tensor([5, 0, 9, 9, 1, 3])
     assert select_draft_vocab(counts, 3).tolist() == [0, 2, 3]

@@ -183,7 +183,7 @@ def extract_features(
 
     meta = {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
             "hidden_size": None, "aux_layers": list(aux_layers)}  # fmt: skip
-    done_tokens = sum(_shard_tokens(path) for path in shard_paths([out_dir]))
+    done_tokens = sum(int(open_shard(path)["offsets"][-1]) for path in shard_paths([out_dir]))
     bar = tqdm(total=max_tokens or None, initial=done_tokens, unit="tok", desc=f"features[{responses}]", disable=not progress)
     for index, batch in enumerate(_batches(items(), batch_size)):
         path = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
@@ -234,13 +234,6 @@ def write_shard(path: str, seqs: list[Sequence], ids: list[str] | None = None) -
     return int(lengths.sum())
 
 
-def _shard_tokens(path: str) -> int:
-    from safetensors import safe_open
-
-    with safe_open(path, "pt") as f:
-        return int(f.get_slice("offsets")[-1:][0])
-
-
 _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
            "I64": torch.int64, "U8": torch.uint8, "BOOL": torch.bool}  # fmt: skip
 
@@ -273,12 +266,17 @@ def shard_paths(folders: list[str]) -> list[str]:
             for name in sorted(f for f in os.listdir(folder) if f.startswith("shard_") and f.endswith(".safetensors"))]  # fmt: skip
 
 
+def shard_spans(shard: dict[str, torch.Tensor]) -> Iterator[tuple[int, int]]:
+    """(first row, end row) of each sequence of an opened shard."""
+    offsets = shard["offsets"].tolist()
+    return zip(offsets[:-1], offsets[1:])
+
+
 def iter_shards(paths: list[str]) -> Iterator[Sequence]:
     """Sequences of every shard under the given folders, in shard order (views of the memory-mapped shards)."""
     for path in shard_paths(paths):
         data = open_shard(path)
-        offsets = data["offsets"].tolist()
         aux = data.get("aux_features")
-        for a, b in zip(offsets[:-1], offsets[1:]):
+        for a, b in shard_spans(data):
             yield Sequence(data["input_ids"][a:b].long(), data["features"][a:b], data["loss_mask"][a:b].bool(),
                            None if aux is None else aux[a:b])  # fmt: skip

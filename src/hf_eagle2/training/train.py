@@ -17,7 +17,9 @@ training-time-test passes as in the paper (default noise off: the passes on its 
 
 AdamW with linear warm-up and cosine decay, gradient clipping and a seed. The batch order of every epoch is a
 function of (seed, epoch) and the noise of every step a function of (seed, step), so a run stopped at any
-checkpoint and resumed reproduces the uninterrupted run exactly.
+checkpoint and resumed reproduces the uninterrupted run exactly; resuming with other data or settings that shape
+the run is refused (`RUN_FIELDS`). `init` starts a new run from a trained head instead (its weights and draft
+vocabulary): more data for a head, a training-time-test phase after a plain one, or an official head fine-tuned.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ..modeling_eagle import EagleDraftModel
 from ..modeling_eagle3 import Eagle3DraftModel
-from .features import open_shard, shard_paths
+from .features import open_shard, shard_paths, shard_spans
 
 
 @dataclass
@@ -77,8 +79,17 @@ class TrainConfig:
                              "outputs, which it is fed from depth 2 on (the official recipe unrolls 7)")  # fmt: skip
     snapshot_every_tokens: int | None = None  # also keep head snapshots (for τ-vs-tokens curves)
     threads: int | None = None
-    autocast: str | None = None  # "bfloat16": the training step's matmuls in bf16 (fp32 weights, optimizer and
-    # evaluation); on this 2-core Xeon (AMX) 1.78x the tokens/s of an EAGLE-2 step, 1.54x of an EAGLE-3 one
+    autocast: str | None = None  # "bfloat16": the training step's matmuls in bf16 (fp32 weights, optimizer,
+    # soft labels and evaluation); on this 2-core Xeon (AMX) 1.78x the tokens/s of an EAGLE-2 step, 1.54x of EAGLE-3
+    init: str | None = None  # a head (folder or Hub id) to start from instead of a random one; its draft
+    # vocabulary is kept, so draft_vocab_size must match it
+
+
+# the settings that shape a run: a checkpoint resumes only with the same ones (the others, e.g. max_steps or
+# save_every, may change between sessions)
+RUN_FIELDS = ("data", "head", "init", "draft_vocab_size", "epochs", "lr", "min_lr_ratio", "warmup_steps",
+              "batch_tokens", "max_seq_len", "grad_clip", "weight_decay", "ce_weight", "noise_std", "seed", "unroll",
+              "autocast")  # fmt: skip
 
 
 @dataclass
@@ -105,8 +116,7 @@ class FeatureSet:
             if aux and "aux_features" not in shard:
                 raise ValueError(f"{path}: a shard without aux_features; extract with eagle3=True (--eagle3) to "
                                  "train an EAGLE-3 head")  # fmt: skip
-            offsets = shard["offsets"].tolist()
-            for a, b in zip(offsets[:-1], offsets[1:]):
+            for a, b in shard_spans(shard):
                 n = min(b - a, max_seq_len)
                 mask = shard["loss_mask"][a : a + n].bool()
                 if n < 3 or not bool(mask[1:].any()):
@@ -231,7 +241,7 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
     target = feats[:, 1:]
     sel = mask[:, 1:]
     target_sel = target[sel]
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(device.type, enabled=False):  # the soft labels stay fp32 under autocast
         target_p = F.softmax(F.linear(target_sel, lm_weight), dim=-1)
     i = torch.arange(steps, device=device)
     past, total, infos = None, 0.0, []
@@ -284,13 +294,16 @@ class Trainer:
         self.state_path = os.path.join(config.out, "checkpoint.pt")
         torch.manual_seed(config.seed)
         draft_vocab = None
-        if config.draft_vocab_size is not None:
-            eos = target_model.generation_config.eos_token_id
-            eos = [eos] if isinstance(eos, int) else list(eos or [])
-            draft_vocab = select_draft_vocab(token_frequencies(self.data, vocab), config.draft_vocab_size, eos)
-        head_class = Eagle3DraftModel if eagle3 else EagleDraftModel
-        self.head = head_class.from_target(target_model, draft_vocab=draft_vocab, seed=config.seed).float()
-        self.head.bind(target_model)
+        if config.init:
+            self.head = self._initial_head(target_model, vocab)
+        else:
+            if config.draft_vocab_size is not None:
+                eos = target_model.generation_config.eos_token_id
+                eos = [eos] if isinstance(eos, int) else list(eos or [])
+                draft_vocab = select_draft_vocab(token_frequencies(self.data, vocab), config.draft_vocab_size, eos)
+            head_class = Eagle3DraftModel if eagle3 else EagleDraftModel
+            self.head = head_class.from_target(target_model, draft_vocab=draft_vocab, seed=config.seed)
+        self.head.float().bind(target_model)
         # the target's lm_head rows of the draft vocabulary: its next-token distribution, the soft labels
         draft_ids = self.head.to_target_ids(torch.arange(self.head.draft_vocab_size))
         self.lm_weight = target_model.get_output_embeddings().weight.detach()[draft_ids].float()
@@ -303,6 +316,26 @@ class Trainer:
         self.tokens_seen = 0
         self.elapsed = 0.0
         self.history: list[dict] = []
+
+    def _initial_head(self, target_model, vocab: int) -> EagleDraftModel:
+        """The head named by `config.init`, checked against the run's head kind and draft vocabulary size."""
+        c = self.config
+        head = EagleDraftModel.from_pretrained(c.init)
+        if isinstance(head, Eagle3DraftModel) != (c.head == "eagle3"):
+            kind = "an EAGLE-3" if isinstance(head, Eagle3DraftModel) else "an EAGLE-1/2"
+            raise ValueError(f"init head {c.init} is {kind} head, but this run trains head={c.head!r}")
+        has = head.config.draft_vocab_size or vocab
+        if has != (c.draft_vocab_size or vocab):
+            raise ValueError(f"init head {c.init} drafts over {has} tokens, but draft_vocab_size is "
+                             f"{c.draft_vocab_size or vocab}: pass --draft-vocab-size {has if has < vocab else 0} "
+                             "(the head's vocabulary is kept)")  # fmt: skip
+        return head
+
+    def _run_identity(self) -> dict:
+        """What a checkpoint must share with this run to resume it: the RUN_FIELDS and the data's size."""
+        config = asdict(self.config)
+        return {k: config[k] for k in RUN_FIELDS} | {"data_sequences": self.data.num_sequences,
+                                                     "data_tokens": self.data.num_tokens}  # fmt: skip
 
     def lr_at(self, step: int) -> float:
         c = self.config
@@ -321,6 +354,7 @@ class Trainer:
             "elapsed": self.elapsed,
             "history": self.history,
             "config": asdict(self.config),
+            "run": self._run_identity(),
         }
         tmp = self.state_path + ".tmp"
         torch.save(state, tmp)
@@ -330,6 +364,12 @@ class Trainer:
         if not os.path.exists(self.state_path):
             return False
         state = torch.load(self.state_path, map_location="cpu", weights_only=False)
+        saved, now = state.get("run", {}), self._run_identity()  # checkpoints before `run` existed: not checked
+        changed = [f"{k}: {saved[k]!r} -> {now[k]!r}" for k in now if k in saved and saved[k] != now[k]]
+        if changed:
+            raise ValueError(f"{self.state_path} belongs to another run ({'; '.join(changed)}). Resume with the "
+                             "same data and settings, pass restart (--restart) to start over, or start a new run "
+                             "from its head with init (--init)")  # fmt: skip
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
