@@ -100,6 +100,13 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     with pytest.raises(ValueError, match="max_new_tokens"):
         assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
+    ev["max_new_tokens"], ev["kernels"] = RESULTS["eval"]["max_new_tokens"], "fast"  # the old eval: stock (unset)
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    with pytest.raises(ValueError, match="kernels"):
+        assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
+    ev["kernels"] = "stock"
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    assert assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
 
 
 def test_card_needs_front_matter():

@@ -7,9 +7,11 @@ import os
 import pytest
 import torch
 
-from hf_eagle2.evaluation import SHAREGPT_PROMPT_CHARS, load_prompts
+from hf_eagle2.cpu_kernels import is_optimized, optimize_for_cpu
+from hf_eagle2.evaluation import SHAREGPT_PROMPT_CHARS, eval_head, load_prompts
 from hf_eagle2.training.data import conversation_base, is_heldout, iter_json_array, iter_sharegpt, render_with_loss_mask, sharegpt_path
 from hf_eagle2.training.features import extract_features, iter_shards
+from hf_eagle2 import EagleDraftModel
 from hf_eagle2.training.train import FeatureSet, TrainConfig, Trainer, eagle_loss, select_draft_vocab
 
 
@@ -252,3 +254,25 @@ def test_a_truncated_shard_is_named(real_features, tmp_path):
     (tmp_path / shard).write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="truncated"):
         FeatureSet.load([str(tmp_path)], 64)
+
+
+@pytest.mark.parametrize("kernels", ["stock", "fast"])
+def test_eval_head_measures_tau_and_leaves_the_kernels_as_they_were(smollm2, kernels):
+    """eval-head's τ is new tokens per target forward of real generate calls; the fast kernels are only borrowed."""
+    model, tokenizer = smollm2
+    draft = EagleDraftModel.from_target(model, seed=0)
+    result = eval_head(model, tokenizer, draft, ["builtin"], limit=2, max_new_tokens=8, calibration=False,
+                       progress=False, kernels=kernels)  # fmt: skip
+    r = result["datasets"]["builtin"]
+    assert result["kernels"] == kernels and r["prompts"] == 2 and r["new_tokens"] == 16
+    assert r["tau"] == r["new_tokens"] / r["target_forwards"] and sum(r["accept_hist"]) == r["target_forwards"]
+    assert not is_optimized(model) and not is_optimized(draft)
+    optimize_for_cpu(model)  # a model the user optimised stays optimised (and "stock" ran on stock kernels)
+    try:
+        again = eval_head(model, tokenizer, draft, ["builtin"], limit=2, max_new_tokens=8, calibration=False,
+                          progress=False, kernels=kernels)  # fmt: skip
+        assert is_optimized(model) and again["datasets"]["builtin"]["new_tokens"] == 16
+    finally:
+        optimize_for_cpu(model, enable=False)
+    with pytest.raises(ValueError, match="kernels must be"):
+        eval_head(model, tokenizer, draft, ["builtin"], limit=1, kernels="turbo")

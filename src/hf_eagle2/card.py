@@ -117,7 +117,8 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         "",
         f"Greedy, `max_new_tokens={ev.get('max_new_tokens', '-')}`, tree `{tree.get('tree', 'eagle2')}` with "
         f"m={tree.get('tree_total_tokens', '-')}, depth {tree.get('tree_depth', '-')}, k={tree.get('tree_top_k', '-')}. "
-        "τ is the average number of tokens per target forward (bonus token included).",
+        "τ is the average number of tokens per target forward (bonus token included)"
+        + (" (fast CPU kernels)." if ev.get("kernels") == "fast" else "."),
         "",
         "| dataset | prompts | τ | speed-up vs plain generate |",
         "|---|---:|---:|---:|",
@@ -244,16 +245,16 @@ def _comparison_table(rows: list[dict], datasets: list[str]) -> list[str]:
     return lines + [""]
 
 
-EVAL_SETTINGS = ("max_new_tokens", "tree")
+EVAL_SETTINGS = {"max_new_tokens": None, "tree": None, "kernels": "stock"}  # setting: its value where unrecorded
 
 
 def comparison_row(name: str, head_folder: str, evaluation: dict) -> dict:
     """A side-by-side row from another head folder's results.json (its evaluation and training summary); an
-    error unless it was evaluated as `evaluation` was (tree, max_new_tokens, prompts per dataset)."""
+    error unless it was evaluated as `evaluation` was (tree, max_new_tokens, kernels, prompts per dataset)."""
     with open(os.path.join(head_folder, "results.json"), encoding="utf-8") as f:
         other = json.load(f)
     theirs = other.get("eval", {})
-    differ = [key for key in EVAL_SETTINGS if theirs.get(key) != evaluation.get(key)]
+    differ = [key for key, unset in EVAL_SETTINGS.items() if theirs.get(key, unset) != evaluation.get(key, unset)]
     differ += [f"{ds} prompts" for ds, r in evaluation.get("datasets", {}).items()
                if theirs.get("datasets", {}).get(ds, {}).get("prompts") != r.get("prompts")]  # fmt: skip
     if differ:

@@ -96,7 +96,8 @@ def cmd_eval_head(args) -> None:
     if args.full_vocab:
         draft.set_draft_vocab(None)
     tree = dict(tree=args.tree, tree_total_tokens=args.tree_total_tokens, tree_depth=args.tree_depth, tree_top_k=args.tree_top_k)
-    result = eval_head(model, tokenizer, draft, args.dataset.split(","), args.limit, args.max_new_tokens, tree)
+    result = eval_head(model, tokenizer, draft, args.dataset.split(","), args.limit, args.max_new_tokens, tree,
+                       kernels=args.kernels)  # fmt: skip
     result["draft"] = args.draft
     result["command"] = "hf-eagle2 " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("hf-eagle2") else None
     for ds, r in result["datasets"].items():
@@ -257,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", choices=["eagle2", "eagle3"], default="eagle2",
                    help="eagle2: EAGLE-1/2 layout; eagle3: needs features extracted with --eagle3")
     p.add_argument("--autocast", choices=["bfloat16"], default=None,
-                   help="run the training step's matmuls in bf16 (weights, optimizer and evaluation stay fp32)")
+                   help="run the training step's matmuls in bf16 (weights, optimizer, soft labels and evaluation "
+                        "stay fp32)")
     p.add_argument("--unroll", type=int, default=None,
                    help="training-time-test passes on the head's own predictions (default 1; EAGLE-3: 3)")
     p.add_argument("--seed", type=int, default=0)
@@ -282,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256)
     _tree_args(p, total=60, depth=6, top_k=10)
     p.add_argument("--full-vocab", action="store_true", help="draft over the full vocabulary (ignore d2t)")
+    p.add_argument("--kernels", choices=["stock", "fast"], default="stock",
+                   help="fast: prepacked CPU linears (optimize_for_cpu), a faster evaluation; τ may differ slightly "
+                        "from stock (rounding can flip a near-tied greedy token): compare heads on the same kernels")
     p.add_argument("--out", default=None)
     p.add_argument("--plot", default=None, help="PNG reliability diagram")
     p.add_argument("--threads", type=int, default=None)

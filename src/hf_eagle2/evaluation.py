@@ -70,9 +70,31 @@ def add_histograms(a: list[int], b: list[int]) -> list[int]:
 
 @torch.inference_mode()
 def eval_head(model, tokenizer, draft, datasets=("mtbench", "humaneval"), limit=None, max_new_tokens=256,
-              tree_kwargs: dict | None = None, calibration: bool = True, progress: bool = True) -> dict:  # fmt: skip
+              tree_kwargs: dict | None = None, calibration: bool = True, progress: bool = True,
+              kernels: str = "stock") -> dict:  # fmt: skip
     """τ per dataset under greedy tree speculation (defaults: EAGLE-2, m=60, depth 6, k=10, no n-gram branch:
-    τ here is the head's own, not helped by prompt lookup)."""
+    τ here is the head's own, not helped by prompt lookup).
+
+    kernels="fast" runs the target (and head) on `optimize_for_cpu`'s prepacked linears, "stock" on
+    `nn.Linear`'s, and the model's own kernels are restored after. Fast is a faster evaluation whose τ may differ
+    slightly from stock (another summation order can flip a near-tied greedy token), so compare heads evaluated on
+    the same kernels (recorded in the result)."""
+    if kernels not in ("stock", "fast"):
+        raise ValueError(f"kernels must be 'stock' or 'fast', got {kernels!r}")
+    from .cpu_kernels import is_optimized, optimize_for_cpu
+
+    was = is_optimized(model)
+    optimize_for_cpu(model, enable=kernels == "fast", release=False)  # the head follows when it binds
+    try:
+        out = _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kwargs, calibration, progress)
+    finally:
+        optimize_for_cpu(model, enable=was)  # packed copies made for this evaluation alone are released
+        if not was:
+            optimize_for_cpu(draft, enable=False)
+    return out | {"kernels": kernels}
+
+
+def _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kwargs, calibration, progress) -> dict:
     tree_kwargs = dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10, tree_ngram=0) | dict(tree_kwargs or {})
     results, logs = {}, []
     for dataset in datasets:
