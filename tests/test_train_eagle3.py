@@ -115,6 +115,11 @@ def test_a_tiny_eagle3_head_learns_and_stays_lossless(target, tmp_path):
         resumed, resumed_info = eagle_loss(warm.head, warm.lm_weight, batch, 0.0, 0.1, unroll=3)
     assert torch.equal(warm.head.d2t, trainer.head.d2t) and resumed_info["acc"] == info["acc"]
     assert abs(resumed.item() - after.item()) < 1e-5
+    trainer.head.config.feature_layer_ids = [1, 3, 5]  # a head reading other layers than extraction stores
+    trainer.save_head(str(tmp_path / "head_other_layers"), extra=None)
+    config.init = str(tmp_path / "head_other_layers")
+    with pytest.raises(ValueError, match=r"reads target layers \(1, 3, 5\)"):
+        Trainer(config, target, data=data, progress=False)
 
 
 def test_eagle3_training_needs_aux_features(target, tmp_path):

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from hf_eagle2.cpu_kernels import is_optimized, optimize_for_cpu
+from hf_eagle2.cpu_kernels import fast_path_available, is_optimized, optimize_for_cpu
 from hf_eagle2.evaluation import SHAREGPT_PROMPT_CHARS, eval_head, load_prompts
 from hf_eagle2.training.data import conversation_base, is_heldout, iter_json_array, iter_sharegpt, render_with_loss_mask, sharegpt_path
 from hf_eagle2.training.features import extract_features, iter_shards
@@ -166,6 +166,17 @@ def test_resume_refuses_a_checkpoint_of_other_data_or_settings(smollm2, real_fea
     with pytest.raises(ValueError, match="data_tokens"):
         Trainer(_config(tmp_path, max_steps=6), model, data=fewer, progress=False).load_checkpoint()
     assert Trainer(_config(tmp_path, max_steps=6, save_every=5), model, data=data, progress=False).load_checkpoint()
+    # a run from a saved head resumes only while that folder holds the same head (same draft vocabulary)
+    first = Trainer(_config(tmp_path / "a", max_steps=1), model, data=data, progress=False)
+    first.run(resume=False)
+    first.save_head(str(tmp_path / "head"))
+    Trainer(_config(tmp_path / "b", max_steps=1, init=str(tmp_path / "head")), model, data=data,
+            progress=False).run(resume=False)  # fmt: skip
+    other = Trainer(_config(tmp_path / "c", max_steps=1), model, data=FeatureSet.load([real_features], 48), progress=False)
+    other.save_head(str(tmp_path / "head"))  # the folder now holds a head of another vocabulary
+    with pytest.raises(ValueError, match="soft_label_rows"):
+        Trainer(_config(tmp_path / "b", max_steps=2, init=str(tmp_path / "head")), model, data=data,
+                progress=False).load_checkpoint()  # fmt: skip
 
 
 def test_init_starts_a_new_run_from_a_trained_head(smollm2, real_features, tmp_path):
@@ -174,13 +185,15 @@ def test_init_starts_a_new_run_from_a_trained_head(smollm2, real_features, tmp_p
     first = Trainer(_config(tmp_path / "a", max_steps=6), model, data=data, progress=False)
     first.run(resume=False)
     first.save_head(str(tmp_path / "head"))
-    second = Trainer(_config(tmp_path / "b", max_steps=2, init=str(tmp_path / "head"), lr=3e-4), model, data=data,
+    other = FeatureSet.load([real_features], 48)  # other data: its own draft vocabulary would differ
+    second = Trainer(_config(tmp_path / "b", max_steps=2, init=str(tmp_path / "head"), lr=3e-4), model, data=other,
                      progress=False)  # fmt: skip
     for (name, a), (_, b) in zip(first.head.state_dict().items(), second.head.state_dict().items()):
         assert torch.equal(a, b), name
     assert torch.equal(first.lm_weight, second.lm_weight)  # the head's draft vocabulary, not a re-selected one
+    fresh = Trainer(_config(tmp_path / "c", max_steps=2), model, data=other, progress=False)
+    assert not torch.equal(fresh.head.d2t, second.head.d2t)
     batch = data.batch(list(range(min(4, data.num_sequences))))
-    fresh = Trainer(_config(tmp_path / "c", max_steps=2), model, data=data, progress=False)
     with torch.no_grad():
         warm, _ = eagle_loss(second.head, second.lm_weight, batch, 0.0, 0.1)
         cold, _ = eagle_loss(fresh.head, fresh.lm_weight, batch, 0.0, 0.1)
@@ -257,21 +270,29 @@ def test_a_truncated_shard_is_named(real_features, tmp_path):
 
 
 @pytest.mark.parametrize("kernels", ["stock", "fast"])
-def test_eval_head_measures_tau_and_leaves_the_kernels_as_they_were(smollm2, kernels):
-    """eval-head's τ is new tokens per target forward of real generate calls; the fast kernels are only borrowed."""
+def test_eval_head_measures_tau_and_leaves_the_kernels_as_they_were(smollm2, kernels, monkeypatch):
+    """eval-head's τ is new tokens per target forward of real generate calls, on the kernels asked for; the
+    model's own kernels are restored after."""
+    import hf_eagle2.evaluation as evaluation
+
+    if kernels == "fast" and not fast_path_available():
+        pytest.skip("no oneDNN in this torch build")
     model, tokenizer = smollm2
     draft = EagleDraftModel.from_target(model, seed=0)
+    ran_on, inner = [], evaluation._eval_head
+    monkeypatch.setattr(evaluation, "_eval_head", lambda m, *a: ran_on.append(is_optimized(m)) or inner(m, *a))
     result = eval_head(model, tokenizer, draft, ["builtin"], limit=2, max_new_tokens=8, calibration=False,
                        progress=False, kernels=kernels)  # fmt: skip
     r = result["datasets"]["builtin"]
     assert result["kernels"] == kernels and r["prompts"] == 2 and r["new_tokens"] == 16
     assert r["tau"] == r["new_tokens"] / r["target_forwards"] and sum(r["accept_hist"]) == r["target_forwards"]
-    assert not is_optimized(model) and not is_optimized(draft)
+    assert not is_optimized(model) and not is_optimized(draft) and draft.binding.head_packed is None
     optimize_for_cpu(model)  # a model the user optimised stays optimised (and "stock" ran on stock kernels)
     try:
         again = eval_head(model, tokenizer, draft, ["builtin"], limit=2, max_new_tokens=8, calibration=False,
                           progress=False, kernels=kernels)  # fmt: skip
         assert is_optimized(model) and again["datasets"]["builtin"]["new_tokens"] == 16
+        assert ran_on == [kernels == "fast"] * 2
     finally:
         optimize_for_cpu(model, enable=False)
     with pytest.raises(ValueError, match="kernels must be"):

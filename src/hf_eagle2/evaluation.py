@@ -75,7 +75,7 @@ def eval_head(model, tokenizer, draft, datasets=("mtbench", "humaneval"), limit=
     """τ per dataset under greedy tree speculation (defaults: EAGLE-2, m=60, depth 6, k=10, no n-gram branch:
     τ here is the head's own, not helped by prompt lookup).
 
-    kernels="fast" runs the target (and head) on `optimize_for_cpu`'s prepacked linears, "stock" on
+    kernels="fast" runs the target (and an EAGLE-2 head) on `optimize_for_cpu`'s prepacked linears, "stock" on
     `nn.Linear`'s, and the model's own kernels are restored after. Fast is a faster evaluation whose τ may differ
     slightly from stock (another summation order can flip a near-tied greedy token), so compare heads evaluated on
     the same kernels (recorded in the result)."""
@@ -86,11 +86,13 @@ def eval_head(model, tokenizer, draft, datasets=("mtbench", "humaneval"), limit=
     was = is_optimized(model)
     optimize_for_cpu(model, enable=kernels == "fast", release=False)  # the head follows when it binds
     try:
+        if kernels == "fast" and not is_optimized(model):
+            raise ValueError("kernels='fast' needs a CPU model and a torch build with oneDNN (optimize_for_cpu "
+                             "left this model on its stock kernels)")  # fmt: skip
         out = _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kwargs, calibration, progress)
     finally:
         optimize_for_cpu(model, enable=was)  # packed copies made for this evaluation alone are released
-        if not was:
-            optimize_for_cpu(draft, enable=False)
+        draft.bind(model)  # and the head follows the model's kernels again
     return out | {"kernels": kernels}
 
 

@@ -24,6 +24,7 @@ vocabulary): more data for a head, a training-time-test phase after a plain one,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -37,7 +38,7 @@ from tqdm.auto import tqdm
 
 from ..modeling_eagle import EagleDraftModel
 from ..modeling_eagle3 import Eagle3DraftModel
-from .features import open_shard, shard_paths, shard_spans
+from .features import aux_layer_ids, open_shard, shard_paths, shard_spans
 
 
 @dataclass
@@ -303,7 +304,7 @@ class Trainer:
                 draft_vocab = select_draft_vocab(token_frequencies(self.data, vocab), config.draft_vocab_size, eos)
             head_class = Eagle3DraftModel if eagle3 else EagleDraftModel
             self.head = head_class.from_target(target_model, draft_vocab=draft_vocab, seed=config.seed)
-        self.head.float().bind(target_model)
+        self.head.bind(target_model).float()  # bind first: it casts the head to the target's dtype
         # the target's lm_head rows of the draft vocabulary: its next-token distribution, the soft labels
         draft_ids = self.head.to_target_ids(torch.arange(self.head.draft_vocab_size))
         self.lm_weight = target_model.get_output_embeddings().weight.detach()[draft_ids].float()
@@ -324,6 +325,10 @@ class Trainer:
         if isinstance(head, Eagle3DraftModel) != (c.head == "eagle3"):
             kind = "an EAGLE-3" if isinstance(head, Eagle3DraftModel) else "an EAGLE-1/2"
             raise ValueError(f"init head {c.init} is {kind} head, but this run trains head={c.head!r}")
+        if c.head == "eagle3" and head.target_feature_ids(target_model) != aux_layer_ids(target_model):
+            raise ValueError(f"init head {c.init} reads target layers {head.target_feature_ids(target_model)}, but "
+                             f"features are extracted from {aux_layer_ids(target_model)} (the official choice): it "
+                             "would be trained on other layers than it reads")  # fmt: skip
         has = head.config.draft_vocab_size or vocab
         if has != (c.draft_vocab_size or vocab):
             raise ValueError(f"init head {c.init} drafts over {has} tokens, but draft_vocab_size is "
@@ -332,10 +337,15 @@ class Trainer:
         return head
 
     def _run_identity(self) -> dict:
-        """What a checkpoint must share with this run to resume it: the RUN_FIELDS and the data's size."""
+        """What a checkpoint must share with this run to resume it: the RUN_FIELDS, the data's size, the target
+        and the draft vocabulary (a digest of the soft labels' lm_head rows: the target's rows of the draft ids)."""
         config = asdict(self.config)
-        return {k: config[k] for k in RUN_FIELDS} | {"data_sequences": self.data.num_sequences,
-                                                     "data_tokens": self.data.num_tokens}  # fmt: skip
+        return {k: config[k] for k in RUN_FIELDS} | {
+            "data": [os.path.realpath(folder) for folder in self.config.data],
+            "data_sequences": self.data.num_sequences,
+            "data_tokens": self.data.num_tokens,
+            "soft_label_rows": hashlib.sha1(self.lm_weight.cpu().numpy().tobytes()).hexdigest(),
+        }
 
     def lr_at(self, step: int) -> float:
         c = self.config
@@ -364,12 +374,14 @@ class Trainer:
         if not os.path.exists(self.state_path):
             return False
         state = torch.load(self.state_path, map_location="cpu", weights_only=False)
-        saved, now = state.get("run", {}), self._run_identity()  # checkpoints before `run` existed: not checked
+        now = self._run_identity()
+        # checkpoints from before the run identity: their config's RUN_FIELDS (data paths as given then)
+        saved = state.get("run") or {k: v for k, v in state.get("config", {}).items() if k in RUN_FIELDS and k != "data"}
         changed = [f"{k}: {saved[k]!r} -> {now[k]!r}" for k in now if k in saved and saved[k] != now[k]]
         if changed:
             raise ValueError(f"{self.state_path} belongs to another run ({'; '.join(changed)}). Resume with the "
-                             "same data and settings, pass restart (--restart) to start over, or start a new run "
-                             "from its head with init (--init)")  # fmt: skip
+                             "same data and settings, pass restart (--restart) to start over, or, once a run has "
+                             "saved its head, start a new run from that head with init (--init)")  # fmt: skip
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
