@@ -74,6 +74,33 @@ def test_extraction_resumes_without_redoing_shards(smollm2, real_features):
     assert before == after
 
 
+def test_extraction_refuses_to_resume_with_other_settings_and_keeps_its_meta_current(smollm2, tmp_path, monkeypatch):
+    """Shard i holds batch i of the work list, so another batch size (or responses, dtype, ...) would silently
+    mix two extractions; meta.json is rewritten after every shard, so an interrupted run leaves its true size."""
+    import hf_eagle2.training.features as features
+
+    model, tokenizer = smollm2
+    kw = dict(responses="sharegpt", max_conversations=6, max_seq_tokens=128, progress=False)
+    real_write, written = features.write_shard, []
+
+    def write_then_stop(*args, **kwargs):  # the second shard "crashes"
+        if written:
+            raise KeyboardInterrupt
+        written.append(real_write(*args, **kwargs))
+        return written[-1]
+
+    monkeypatch.setattr(features, "write_shard", write_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(model, tokenizer, str(tmp_path), batch_size=2, **kw)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["tokens"] == written[0] and meta["shards"] == 1 and meta["batch_size"] == 2
+    monkeypatch.setattr(features, "write_shard", real_write)
+    with pytest.raises(ValueError, match="batch_size: 2 -> 3"):
+        extract_features(model, tokenizer, str(tmp_path), batch_size=3, **kw)
+    meta = extract_features(model, tokenizer, str(tmp_path), batch_size=2, **kw)  # the same settings resume
+    assert meta["shards"] == 3 and meta["tokens"] == sum(s.input_ids.numel() for s in iter_shards([str(tmp_path)]))
+
+
 def test_extraction_renders_only_the_windows_it_needs(smollm2, tmp_path):
     """Items are built window by window (batch_size * 8 sequences, sorted by length), so a small budget renders
     one window, not the dataset, and writes the shortest sequence of that window first."""

@@ -181,9 +181,28 @@ def extract_features(
             counts["conversations"] += bool(kept)
             yield from kept
 
+    # what the shards are a function of: a folder resumes only with the same (shard i holds batch i of the work list)
     meta = {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
-            "hidden_size": None, "aux_layers": list(aux_layers)}  # fmt: skip
-    done_tokens = sum(int(open_shard(path)["offsets"][-1]) for path in shard_paths([out_dir]))
+            "max_prompt_tokens": max_prompt_tokens, "max_seq_tokens": max_seq_tokens, "batch_size": batch_size,
+            "dtype": str(model.dtype).removeprefix("torch."), "hidden_size": None, "aux_layers": list(aux_layers)}  # fmt: skip
+    meta_path = os.path.join(out_dir, "meta.json")
+    done = shard_paths([out_dir])
+    if done and os.path.exists(meta_path):
+        with open(meta_path) as f:
+            saved = json.load(f)
+        changed = [f"{k}: {saved[k]!r} -> {meta[k]!r}" for k in meta if k in saved and k != "hidden_size" and saved[k] != meta[k]]
+        if changed:
+            raise ValueError(f"{out_dir} holds shards extracted with other settings ({'; '.join(changed)}): resume "
+                             "with the same ones, or extract into another folder")  # fmt: skip
+        meta["hidden_size"] = saved.get("hidden_size")
+    done_tokens = sum(int(open_shard(path)["offsets"][-1]) for path in done)
+
+    def write_meta(**final):  # after every shard, so an interrupted extraction leaves its true size
+        meta.update(tokens=done_tokens, shards=len(shard_paths([out_dir])), **final)
+        with open(meta_path + ".tmp", "w") as f:
+            json.dump(meta, f, indent=2)
+        os.replace(meta_path + ".tmp", meta_path)
+
     bar = tqdm(total=max_tokens or None, initial=done_tokens, unit="tok", desc=f"features[{responses}]", disable=not progress)
     for index, batch in enumerate(_batches(items(), batch_size)):
         path = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
@@ -207,12 +226,9 @@ def extract_features(
         num = write_shard(path, seqs, ids=[b[0] for b in batch])
         done_tokens += num
         bar.update(num)
+        write_meta()
     bar.close()
-    meta["sequences_reached"] = counts["sequences"]  # items rendered up to the stop (all of them without a budget)
-    meta["tokens"] = done_tokens
-    meta["shards"] = sum(1 for f in os.listdir(out_dir) if f.startswith("shard_"))
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=2)
+    write_meta(sequences_reached=counts["sequences"])  # items rendered up to the stop (all without a budget)
     return meta
 
 
