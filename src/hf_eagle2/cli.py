@@ -285,8 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     _tree_args(p, total=60, depth=6, top_k=10)
     p.add_argument("--full-vocab", action="store_true", help="draft over the full vocabulary (ignore d2t)")
     p.add_argument("--kernels", choices=["stock", "fast"], default="stock",
-                   help="fast: prepacked CPU linears (optimize_for_cpu), a faster evaluation; τ may differ slightly "
-                        "from stock (rounding can flip a near-tied greedy token): compare heads on the same kernels")
+                   help="fast: prepacked CPU linears (optimize_for_cpu), the kernels bench and demo use; τ may differ "
+                        "slightly from stock (rounding can flip a near-tied greedy token): compare heads on the same "
+                        "kernels")
     p.add_argument("--out", default=None)
     p.add_argument("--plot", default=None, help="PNG reliability diagram")
     p.add_argument("--threads", type=int, default=None)

@@ -76,9 +76,11 @@ def eval_head(model, tokenizer, draft, datasets=("mtbench", "humaneval"), limit=
     τ here is the head's own, not helped by prompt lookup).
 
     kernels="fast" runs the target (and an EAGLE-2 head) on `optimize_for_cpu`'s prepacked linears, "stock" on
-    `nn.Linear`'s, and the model's own kernels are restored after. Fast is a faster evaluation whose τ may differ
-    slightly from stock (another summation order can flip a near-tied greedy token), so compare heads evaluated on
-    the same kernels (recorded in the result)."""
+    `nn.Linear`'s, and the model's own kernels are restored after: "fast" evaluates τ on the kernels the bench and
+    demo run. τ may differ slightly between the two (another summation order can flip a near-tied greedy token), so
+    compare heads evaluated on the same kernels (recorded in the result). At m=60 a round cost about the same on
+    both in the one comparison made (~210 ms for SmolLM2 on 2 cores): the 60-token verify is past the range where
+    the packed kernels gain most."""
     if kernels not in ("stock", "fast"):
         raise ValueError(f"kernels must be 'stock' or 'fast', got {kernels!r}")
     from .cpu_kernels import is_optimized, optimize_for_cpu
