@@ -190,7 +190,7 @@ def extract_features(
     if done and os.path.exists(meta_path):
         with open(meta_path) as f:
             saved = json.load(f)
-        changed = [f"{k}: {saved[k]!r} -> {meta[k]!r}" for k in meta if k in saved and k != "hidden_size" and saved[k] != meta[k]]
+        changed = setting_changes(saved, meta, skip=("hidden_size",))
         if changed:
             raise ValueError(f"{out_dir} holds shards extracted with other settings ({'; '.join(changed)}): resume "
                              "with the same ones, or extract into another folder")  # fmt: skip
@@ -274,6 +274,12 @@ def open_shard(path: str) -> dict[str, torch.Tensor]:
         raw = torch.from_numpy(data[start:end])
         tensors[name] = (raw.view(dtype) if raw.numel() else torch.empty(0, dtype=dtype)).view(info["shape"])
     return tensors
+
+
+def setting_changes(saved: dict, now: dict, skip: tuple[str, ...] = ()) -> list[str]:
+    """Lists "key: old -> new" for each setting of `now` that `saved` records with another value (keys it lacks are
+    not compared): what refuses a resume, of an extraction folder or of a training checkpoint."""
+    return [f"{k}: {saved[k]!r} -> {v!r}" for k, v in now.items() if k not in skip and k in saved and saved[k] != v]
 
 
 def shard_paths(folders: list[str]) -> list[str]:

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from ..modeling_eagle import EagleDraftModel
 from ..modeling_eagle3 import Eagle3DraftModel
-from .features import aux_layer_ids, open_shard, shard_paths, shard_spans
+from .features import aux_layer_ids, open_shard, setting_changes, shard_paths, shard_spans
 
 
 @dataclass
@@ -308,6 +308,7 @@ class Trainer:
         # the target's lm_head rows of the draft vocabulary: its next-token distribution, the soft labels
         draft_ids = self.head.to_target_ids(torch.arange(self.head.draft_vocab_size))
         self.lm_weight = target_model.get_output_embeddings().weight.detach()[draft_ids].float()
+        self.soft_label_digest = hashlib.sha1(self.lm_weight.cpu().numpy().tobytes()).hexdigest()  # fixed for the run
         self.head.train()
         params = [p for p in self.head.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
@@ -344,7 +345,7 @@ class Trainer:
             "data": [os.path.realpath(folder) for folder in self.config.data],
             "data_sequences": self.data.num_sequences,
             "data_tokens": self.data.num_tokens,
-            "soft_label_rows": hashlib.sha1(self.lm_weight.cpu().numpy().tobytes()).hexdigest(),
+            "soft_label_rows": self.soft_label_digest,
         }
 
     def lr_at(self, step: int) -> float:
@@ -377,7 +378,7 @@ class Trainer:
         now = self._run_identity()
         # checkpoints from before the run identity: their config's RUN_FIELDS (data paths as given then)
         saved = state.get("run") or {k: v for k, v in state.get("config", {}).items() if k in RUN_FIELDS and k != "data"}
-        changed = [f"{k}: {saved[k]!r} -> {now[k]!r}" for k in now if k in saved and saved[k] != now[k]]
+        changed = setting_changes(saved, now)
         if changed:
             raise ValueError(f"{self.state_path} belongs to another run ({'; '.join(changed)}). Resume with the "
                              "same data and settings, pass restart (--restart) to start over, or, once a run has "
