@@ -8,6 +8,7 @@ from conftest import tiny_model
 
 from hf_eagle2 import EagleDraftModel
 from hf_eagle2.card import acceptance_by_depth, assemble_results, parse_front_matter, render_card, write_card
+from hf_eagle2.head_formats import weights_sha256
 from hf_eagle2.hub import push_head_folder
 
 RESULTS = {
@@ -107,6 +108,31 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     ev["kernels"] = "stock"
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     assert assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
+
+
+def test_results_describe_one_set_of_weights(tmp_path):
+    """eval-head and bench record the sha256 of the head's weights file; card refuses measurements of other
+    weights, and a folder whose head was replaced starts its results.json over instead of keeping old numbers."""
+    EagleDraftModel.from_target(tiny_model("llama"), seed=0).save_pretrained(tmp_path)
+    digest = EagleDraftModel.from_pretrained(tmp_path).weights_sha256
+    assert digest is not None and digest == weights_sha256(tmp_path) == weights_sha256(tmp_path / "model.safetensors")
+    (tmp_path / "eval.json").write_text(json.dumps(RESULTS["eval"] | {"draft_sha256": digest}))
+    (tmp_path / "bench.json").write_text(json.dumps({"meta": {"draft_sha256": "0" * 64}, "results": {}}))
+    legacy = {key: RESULTS[key] for key in ("hardware", "speed", "curve")}  # written before digests: kept
+    (tmp_path / "results.json").write_text(json.dumps(legacy))
+    results = assemble_results(str(tmp_path), eval_json=str(tmp_path / "eval.json"))
+    assert results["head_sha256"] == digest and results["speed"] == RESULTS["speed"] and "dropped" not in results
+    with pytest.raises(ValueError, match="bench.json .bench --out. was measured on other weights"):
+        assemble_results(str(tmp_path), bench_json=str(tmp_path / "bench.json"))
+    EagleDraftModel.from_target(tiny_model("llama"), seed=1).save_pretrained(tmp_path)  # retrained in place
+    assert weights_sha256(tmp_path) != digest
+    with pytest.raises(ValueError, match="eval.json .eval-head --out. was measured on other weights"):
+        assemble_results(str(tmp_path), eval_json=str(tmp_path / "eval.json"))
+    results = assemble_results(str(tmp_path), extra={"hardware": "the new machine"})
+    assert results["dropped"] == ["commands", "curve", "eval", "hardware", "speed"]
+    assert results["head_sha256"] == weights_sha256(tmp_path) and "eval" not in results and "speed" not in results
+    assert results["hardware"] == "the new machine"
+    assert "dropped" not in assemble_results(str(tmp_path))  # said once, on the run that dropped them
 
 
 def test_card_needs_front_matter():

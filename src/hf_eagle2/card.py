@@ -9,7 +9,9 @@
      "curve": [{"tokens_seen": ..., "tau_mtbench": ...}, ...] (optional)
      "comparison": [{"name": ..., "tau": {dataset: τ}, "head_parameters": ..., "tokens_seen": ...}, ...] (optional:
                    other heads, evaluated with this head's settings; this head's row is drawn from "eval")
-     "commands": {"train": ..., "eval": ..., "bench": ..., "card": ...}}
+     "commands": {"train": ..., "eval": ..., "bench": ..., "card": ...},
+     "head_sha256": ...}  (the weights all of it describes: a retrained head starts its results.json over, and an
+                          evaluation or benchmark of other weights is refused)
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import json
 import os
 
 import yaml
+
+from .head_formats import weights_sha256
 
 SHAREGPT_HUB = "anon8231489123/ShareGPT_Vicuna_unfiltered"
 
@@ -277,16 +281,29 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
 
     results_path = os.path.join(folder, "results.json")
     results = load(results_path) if os.path.exists(results_path) else {}
+    results.pop("dropped", None)
+    digest = weights_sha256(folder)
+    if results.get("head_sha256") not in (None, digest):  # the head was retrained or replaced since
+        dropped = sorted(key for key in results if key not in ("head_sha256", "training"))  # training: re-read below
+        results = {"dropped": dropped} if dropped else {}
+    results["head_sha256"] = digest
+
+    def measured_here(what: str, path: str, recorded: str | None) -> None:
+        if recorded not in (None, digest):
+            raise ValueError(f"{path} ({what}) was measured on other weights (sha256 {recorded[:12]}...) than "
+                             f"{folder} holds ({(digest or 'none')[:12]}...): measure this head")  # fmt: skip
     if os.path.exists(os.path.join(folder, "training.json")):
         results["training"] = load(os.path.join(folder, "training.json"))
         if results["training"].get("command"):
             results.setdefault("commands", {})["train"] = results["training"]["command"]
     if eval_json:
         ev = load(eval_json)
+        measured_here("eval-head --out", eval_json, ev.get("draft_sha256"))
         results["eval"] = ev
         results.setdefault("commands", {})["eval"] = ev.get("command")
     if bench_json:
         bench = load(bench_json)
+        measured_here("bench --out", bench_json, bench["meta"].get("draft_sha256"))
         speed = {ds: {"speedup": r["eagle2"]["speedup_median"], "tau": r["eagle2"]["tau"]}
                  for ds, r in bench["results"].items() if "eagle2" in r}  # fmt: skip
         speed["note"] = (f"Speed-up: median over prompts of plain/EAGLE-2 wall time, both greedy and interleaved, "

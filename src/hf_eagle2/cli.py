@@ -99,6 +99,7 @@ def cmd_eval_head(args) -> None:
     result = eval_head(model, tokenizer, draft, args.dataset.split(","), args.limit, args.max_new_tokens, tree,
                        kernels=args.kernels)  # fmt: skip
     result["draft"] = args.draft
+    result["draft_sha256"] = draft.weights_sha256
     result["command"] = "hf-eagle2 " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("hf-eagle2") else None
     for ds, r in result["datasets"].items():
         print(f"{ds}: tau={r['tau']:.3f} new_tokens={r['new_tokens']} target_forwards={r['target_forwards']}")
@@ -136,7 +137,8 @@ def cmd_bench(args) -> None:
         max_new_tokens=args.max_new_tokens, tree_params=params, threads=args.threads, second_turn=not args.first_turn_only,
         kernels=args.kernels,
     )  # fmt: skip
-    results["meta"].update(model=args.model, draft=args.draft, dtype=args.dtype, command="hf-eagle2 bench " + " ".join(sys.argv[2:]))
+    results["meta"].update(model=args.model, draft=args.draft, draft_sha256=getattr(draft, "weights_sha256", None),
+                           dtype=args.dtype, command="hf-eagle2 bench " + " ".join(sys.argv[2:]))  # fmt: skip
     write_outputs(results, args.out)
     if args.readme:
         update_readme(args.readme, readme_section(results))
@@ -155,7 +157,10 @@ def cmd_card(args) -> None:
     if any("=" not in item for item in args.compare or []):
         raise SystemExit("hf-eagle2 card: --compare takes NAME=FOLDER entries")
     compare = dict(item.split("=", 1) for item in args.compare or [])
-    assemble_results(args.head, args.eval, args.bench, args.curve, extra, compare)
+    results = assemble_results(args.head, args.eval, args.bench, args.curve, extra, compare)
+    if results.get("dropped"):
+        print(f"{args.head}/results.json described other weights: dropped {', '.join(results['dropped'])} "
+              "(measure this head and pass them again)", file=sys.stderr)
     print(write_card(args.head, args.results, args.repo_id))
 
 

@@ -29,6 +29,7 @@ that would draft something else. Feature layer ids are sorted, as serving stacks
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -47,6 +48,26 @@ SPECULATORS_UNSUPPORTED_SWITCHES = ("norm_before_residual", "norm_before_fc", "f
 LAYER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                 "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_parameters",
                 "attention_bias", "mlp_bias")  # fmt: skip
+
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what from_pretrained reads, in its order
+
+
+def weights_sha256(path: str | os.PathLike) -> str | None:
+    """sha256 of a head's weights file (`path` is the file, or a folder holding one of WEIGHT_FILES; None if it has
+    none): the identity that evaluations, benchmarks and a card's results.json record, so measurements of one
+    head are never presented as another's."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        files = [os.path.join(path, name) for name in WEIGHT_FILES if os.path.exists(os.path.join(path, name))]
+        if not files:
+            return None
+        path = files[0]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def save_head(head, save_directory: str | os.PathLike, layout: str, *, target=None,

@@ -43,6 +43,7 @@ from .head_formats import (
     official_config_from_speculators,
     official_state_from_speculators,
     save_head,
+    weights_sha256,
 )
 
 logger = logging.get_logger(__name__)
@@ -459,6 +460,7 @@ class EagleDraftModel(PreTrainedModel):
         if isinstance(dtype, torch.dtype) or device is not None:
             model.to(device=device, dtype=dtype if isinstance(dtype, torch.dtype) else None)
         model.name_or_path = path
+        model.weights_sha256 = weights_sha256(weights_file)  # recorded by eval-head and bench, checked by card
         return model.eval()
 
     def load_head_state_dict(self, state: dict[str, torch.Tensor], source: str = "state dict") -> None:
