@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import tiny_model
 from torch import nn
 
-from hf_eagle2 import EagleDraftModel, optimize_for_cpu
+from hf_eagle2 import Eagle3DraftModel, EagleDraftModel, optimize_for_cpu
 from hf_eagle2.cpu_kernels import NEVER, PackedLinear, fast_path_available, is_optimized, kernel_crossover, min_rows_of
 
 pytestmark = pytest.mark.skipif(not fast_path_available(), reason="this torch build has no oneDNN")
@@ -71,3 +71,22 @@ def test_tree_speculation_on_fast_kernels_equals_plain_on_fast_kernels(family):
     optimize_for_cpu(model, enable=False)
     model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=4)
     assert not is_optimized(draft) and draft.binding.head_packed is None  # and back
+
+
+def test_eagle3_head_follows_the_target_onto_fast_kernels():
+    """An EAGLE-3 head (own lm_head, fc over three target layers) is packed with its target and exact there."""
+    model = tiny_model("llama", seed=5, num_hidden_layers=4)  # EAGLE-3 reads layers 2, L // 2, L - 3
+    draft = Eagle3DraftModel.from_target(model, seed=0)
+    optimize_for_cpu(model, min_rows={torch.float32: 1})
+    ids = torch.tensor([[5, 9, 3, 7, 11, 4]])
+    ref = model.generate(ids, do_sample=False, max_new_tokens=30)
+    for tree in ("eagle2", "chain"):
+        out = model.generate(ids, assistant_model=draft, tree=tree, tree_total_tokens=12, tree_depth=4, tree_top_k=4,
+                             do_sample=False, max_new_tokens=30)  # fmt: skip
+        assert torch.equal(out, ref), tree
+    assert type(draft.lm_head) is PackedLinear and type(draft.fc) is PackedLinear
+    assert min_rows_of(draft) == {torch.float32: 1}
+    optimize_for_cpu(model, enable=False)
+    assert torch.equal(model.generate(ids, assistant_model=draft, tree="eagle2", do_sample=False, max_new_tokens=30),
+                       model.generate(ids, do_sample=False, max_new_tokens=30))  # fmt: skip
+    assert not is_optimized(draft)  # and back

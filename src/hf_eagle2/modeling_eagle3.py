@@ -47,7 +47,7 @@ from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from .configuration_eagle import Eagle3Config
-from .cpu_kernels import is_optimized, optimize_for_cpu
+from .cpu_kernels import is_optimized, min_rows_of, optimize_for_cpu
 from .head_formats import save_head
 from .modeling_eagle import EagleAttention, EagleDraftModel, HeadKV, KVCache, _TargetBinding
 
@@ -155,7 +155,8 @@ class Eagle3DraftModel(EagleDraftModel):
             raise ValueError(f"{type(target).__name__} has no output embeddings (lm_head)")
         weight = head.weight
         b = self._binding
-        if b is not None and b.target_id == id(target) and b.source_weight is weight:
+        fast = is_optimized(head)  # optimize_for_cpu(target) reaches its lm_head too
+        if b is not None and b.target_id == id(target) and b.source_weight is weight and fast == is_optimized(self):
             return self
         tc = target.config.get_text_config()
         if tc.hidden_size != self.target_hidden_size:
@@ -171,7 +172,9 @@ class Eagle3DraftModel(EagleDraftModel):
         self.target_feature_ids(target)  # validates the layer ids against the target's depth
         if self.fc.weight.device != weight.device or self.fc.weight.dtype != weight.dtype:
             self.to(device=weight.device, dtype=weight.dtype)
-        if is_optimized(self):  # the oneDNN path is wired for the EAGLE-1/2 head's borrowed lm_head only
+        if fast:  # the head follows the target onto the fast CPU kernels: all its linears, its own lm_head included
+            optimize_for_cpu(self, min_rows=min_rows_of(head))
+        elif is_optimized(self):
             optimize_for_cpu(self, enable=False)
         self._binding = _TargetBinding(id(target), target.get_input_embeddings(), self.lm_head.weight, None, weight)
         return self
