@@ -260,14 +260,19 @@ class EagleDraftModel(PreTrainedModel):
         else:
             head_weight, head_bias = weight.detach(), None if bias is None else bias.detach()
         binding = _TargetBinding(id(target), target.get_input_embeddings(), head_weight, head_bias, weight)
-        if fast:  # the head follows the target onto the fast CPU kernels
-            rows = min_rows_of(head)
-            optimize_for_cpu(self, min_rows=rows)
-            binding.head_packed, binding.min_rows = PackedWeight(), rows.get(head_weight.dtype, NEVER)
-        elif is_optimized(self):
-            optimize_for_cpu(self, enable=False)
+        self._follow_target_kernels(head)
+        if fast:  # the borrowed lm_head rows get their own packed copy
+            binding.head_packed, binding.min_rows = PackedWeight(), min_rows_of(head).get(head_weight.dtype, NEVER)
         self._binding = binding
         return self
+
+    def _follow_target_kernels(self, target_head: nn.Module) -> None:
+        """Puts the head's own linears on the kernels of the target's lm_head: the oneDNN packed path with the
+        target's dispatch when `optimize_for_cpu(target)` ran, stock `nn.Linear` otherwise."""
+        if is_optimized(target_head):
+            optimize_for_cpu(self, min_rows=min_rows_of(target_head))
+        elif is_optimized(self):
+            optimize_for_cpu(self, enable=False)
 
     def unbound_copy(self) -> "EagleDraftModel":
         """A deep copy of the head alone: the borrowed target modules are not copied (the copy is unbound)."""

@@ -47,7 +47,7 @@ from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from .configuration_eagle import Eagle3Config
-from .cpu_kernels import is_optimized, min_rows_of, optimize_for_cpu
+from .cpu_kernels import is_optimized
 from .head_formats import save_head
 from .modeling_eagle import EagleAttention, EagleDraftModel, HeadKV, KVCache, _TargetBinding
 
@@ -172,10 +172,7 @@ class Eagle3DraftModel(EagleDraftModel):
         self.target_feature_ids(target)  # validates the layer ids against the target's depth
         if self.fc.weight.device != weight.device or self.fc.weight.dtype != weight.dtype:
             self.to(device=weight.device, dtype=weight.dtype)
-        if fast:  # the head follows the target onto the fast CPU kernels: all its linears, its own lm_head included
-            optimize_for_cpu(self, min_rows=min_rows_of(head))
-        elif is_optimized(self):
-            optimize_for_cpu(self, enable=False)
+        self._follow_target_kernels(head)  # all its linears, its own lm_head included
         self._binding = _TargetBinding(id(target), target.get_input_embeddings(), self.lm_head.weight, None, weight)
         return self
 
