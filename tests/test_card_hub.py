@@ -105,7 +105,11 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     with pytest.raises(ValueError, match="kernels"):
         assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
-    ev["kernels"] = "stock"
+    ev["kernels"], ev["full_vocab"] = "stock", True  # the same weights scoring another vocabulary
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    with pytest.raises(ValueError, match="full_vocab"):
+        assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
+    ev["full_vocab"] = False
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     assert assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
 
@@ -129,7 +133,7 @@ def test_results_describe_one_set_of_weights(tmp_path):
     with pytest.raises(ValueError, match="eval.json .eval-head --out. was measured on other weights"):
         assemble_results(str(tmp_path), eval_json=str(tmp_path / "eval.json"))
     results = assemble_results(str(tmp_path), extra={"hardware": "the new machine"})
-    assert results["dropped"] == ["commands", "curve", "eval", "hardware", "speed"]
+    assert results["dropped"] == ["commands", "curve", "eval", "speed"]  # hardware: given again, so not dropped
     assert results["head_sha256"] == weights_sha256(tmp_path) and "eval" not in results and "speed" not in results
     assert results["hardware"] == "the new machine"
     assert "dropped" not in assemble_results(str(tmp_path))  # said once, on the run that dropped them

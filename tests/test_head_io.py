@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from hf_eagle2 import EagleConfig, EagleDraftModel
 from hf_eagle2.bench import ForwardCounter  # counts target forwards (a hook on the decoder)
+from hf_eagle2.head_formats import weights_sha256
 
 
 def official_config(head: EagleDraftModel) -> dict:
@@ -49,7 +50,11 @@ def test_official_checkpoint_round_trip(tmp_path, fmt, bias):
         save_file(state, str(tmp_path / "model.safetensors"))
     loaded = EagleDraftModel.from_pretrained(str(tmp_path))
     assert loaded.config.bias is bias and loaded.config.rope_theta == head.config.rope_theta
+    assert loaded.weights_sha256 == weights_sha256(tmp_path)  # the file it read is the one the digest names
     torch.testing.assert_close(head_outputs(loaded, target), head_outputs(head, target), atol=0, rtol=0)
+    os.remove(next(tmp_path.glob("pytorch_model.bin" if fmt == "bin" else "model.safetensors")))
+    with pytest.raises(OSError, match="has none of model.safetensors, pytorch_model.bin"):
+        EagleDraftModel.from_pretrained(str(tmp_path))
 
 
 def test_save_pretrained_is_readable_as_official_layout(tmp_path):

@@ -122,7 +122,8 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         f"Greedy, `max_new_tokens={ev.get('max_new_tokens', '-')}`, tree `{tree.get('tree', 'eagle2')}` with "
         f"m={tree.get('tree_total_tokens', '-')}, depth {tree.get('tree_depth', '-')}, k={tree.get('tree_top_k', '-')}. "
         "τ is the average number of tokens per target forward (bonus token included)"
-        + (" (fast CPU kernels)." if ev.get("kernels") == "fast" else "."),
+        + (" (fast CPU kernels)" if ev.get("kernels") == "fast" else "")
+        + (" with the head scoring the full vocabulary (`eval-head --full-vocab`)." if ev.get("full_vocab") else "."),
         "",
         "| dataset | prompts | τ | speed-up vs plain generate |",
         "|---|---:|---:|---:|",
@@ -249,12 +250,12 @@ def _comparison_table(rows: list[dict], datasets: list[str]) -> list[str]:
     return lines + [""]
 
 
-EVAL_SETTINGS = {"max_new_tokens": None, "tree": None, "kernels": "stock"}  # setting: its value where unrecorded
+EVAL_SETTINGS = {"max_new_tokens": None, "tree": None, "kernels": "stock", "full_vocab": False}  # setting: its value where unrecorded
 
 
 def comparison_row(name: str, head_folder: str, evaluation: dict) -> dict:
     """A side-by-side row from another head folder's results.json (its evaluation and training summary); an
-    error unless it was evaluated as `evaluation` was (tree, max_new_tokens, kernels, prompts per dataset)."""
+    error unless it was evaluated as `evaluation` was (tree, max_new_tokens, kernels, draft vocabulary, prompts per dataset)."""
     with open(os.path.join(head_folder, "results.json"), encoding="utf-8") as f:
         other = json.load(f)
     theirs = other.get("eval", {})
@@ -328,6 +329,10 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
             results.setdefault("commands", {}).update(value)
         else:
             results[key] = value
+    if results.get("dropped"):  # name only what this command did not measure again
+        results["dropped"] = [key for key in results["dropped"] if key not in results]
+        if not results["dropped"]:
+            del results["dropped"]
     if compare:
         results["comparison"] = [comparison_row(name, path, results.get("eval", {})) for name, path in compare.items()]
     with open(results_path, "w", encoding="utf-8") as f:

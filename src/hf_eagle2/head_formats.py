@@ -53,6 +53,15 @@ LAYER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what from_pretrained reads, in its order
 
 
+def read_weights(path: str) -> dict[str, torch.Tensor]:
+    """Tensors of one of WEIGHT_FILES: safetensors, or a torch pickle read with `weights_only=True`."""
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def weights_sha256(path: str | os.PathLike) -> str | None:
     """sha256 of a head's weights file (`path` is the file, or a folder holding one of WEIGHT_FILES; None if it has
     none): the identity that evaluations, benchmarks and a card's results.json record, so measurements of one

@@ -39,9 +39,11 @@ from transformers.utils import logging
 from .configuration_eagle import EagleConfig
 from .cpu_kernels import NEVER, PackedWeight, is_optimized, min_rows_of, optimize_for_cpu, packed_linear
 from .head_formats import (
+    WEIGHT_FILES,
     is_speculators_config,
     official_config_from_speculators,
     official_state_from_speculators,
+    read_weights,
     save_head,
     weights_sha256,
 )
@@ -445,17 +447,13 @@ class EagleDraftModel(PreTrainedModel):
                 raw, speculators = official_config_from_speculators(raw), True
             config = _config_class(raw).from_official_dict(raw)
         cls = _model_class(cls, config)
-        weights_file = cached_file(path, "model.safetensors", _raise_exceptions_for_missing_entries=False, **hub)
-        if weights_file is not None:
-            from safetensors.torch import load_file
-
-            state = load_file(weights_file)
-        else:
-            weights_file = cached_file(path, "pytorch_model.bin", _raise_exceptions_for_missing_entries=False, **hub)
-            if weights_file is None:
-                where = os.path.join(path, subfolder) if subfolder else path
-                raise OSError(f"{where} has neither model.safetensors nor pytorch_model.bin")
-            state = torch.load(weights_file, map_location="cpu", weights_only=True)
+        weights_file = next((found for name in WEIGHT_FILES  # the first present, in WEIGHT_FILES' order
+                             if (found := cached_file(path, name, _raise_exceptions_for_missing_entries=False, **hub))),
+                            None)  # fmt: skip
+        if weights_file is None:
+            where = os.path.join(path, subfolder) if subfolder else path
+            raise OSError(f"{where} has none of {', '.join(WEIGHT_FILES)}")
+        state = read_weights(weights_file)
         model = cls(config)
         if speculators:
             state = official_state_from_speculators(state, model)
