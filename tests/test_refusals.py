@@ -89,6 +89,20 @@ def allowed_tokens(batch_id, ids):
 
 
 @pytest.mark.parametrize("tree", ["eagle2", "chain"])
+@pytest.mark.parametrize("penalty", ["repetition_penalty", "encoder_repetition_penalty"])
+def test_prompt_penalties_see_each_rows_own_prompt(llama, tree, penalty):
+    """In a padded batch transformers builds these processors per prompt (padding lengths skipped; the prompt ids
+    favoured): a tree pass shows them one row's nodes, so they must hold that row's prompt."""
+    model, draft = llama
+    ids = torch.tensor([[0, 0, 5, 9, 4, 5], [7, 3, 12, 30, 6, 3], [0, 21, 22, 23, 21, 22]])
+    mask = (torch.arange(6) >= torch.tensor([[2], [0], [1]])).long()
+    kw = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, **{penalty: 3.0})
+    ref = model.generate(ids, **kw)
+    assert not torch.equal(ref, model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False))
+    assert torch.equal(model.generate(ids, assistant_model=draft, tree=tree, **kw), ref)
+
+
+@pytest.mark.parametrize("tree", ["eagle2", "chain"])
 def test_prefix_allowed_tokens_fn_gets_each_rows_batch_id(llama, tree):
     model, draft = llama
     ids = torch.tensor([[0, 0, 5, 9, 4], [7, 3, 12, 30, 6]])
@@ -96,7 +110,7 @@ def test_prefix_allowed_tokens_fn_gets_each_rows_batch_id(llama, tree):
     kw = dict(attention_mask=mask, max_new_tokens=20, prefix_allowed_tokens_fn=allowed_tokens)
     ref = model.generate(ids, do_sample=False, **kw)
     assert all(t % 2 == 0 for t in ref[0, 5:].tolist()) and all(t % 2 == 1 for t in ref[1, 5:].tolist())
-    out = model.generate(ids, assistant_model=draft, tree=tree, tree_top_k=4, **kw)
+    out = model.generate(ids, assistant_model=draft, tree=tree, **kw)
     assert torch.equal(out, ref)
 
 

@@ -25,12 +25,17 @@ Why this is exact:
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList
-from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
+from transformers.generation.logits_process import (
+    EncoderRepetitionPenaltyLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
 
 from .tree import DraftTree
 
@@ -73,7 +78,7 @@ def process_node_logits(
     out = logits.clone()
     prefix = path_tokens(tree)[:, :, 1:]
     for b, seq in enumerate(sequences):
-        row_processor = _for_batch_row(logits_processor, b)
+        row_processor = _for_batch_row(logits_processor, b, len(sequences))
         for d in range(tree.max_depth + 1):
             rows = (tree.depths[b] == d).nonzero().squeeze(-1)
             if rows.numel() == 0:
@@ -83,16 +88,19 @@ def process_node_logits(
     return out
 
 
-def _for_batch_row(logits_processor: LogitsProcessorList, row: int) -> LogitsProcessorList:
-    """`logits_processor` for the nodes of batch row `row`.
+def _for_batch_row(logits_processor: LogitsProcessorList, row: int, num_rows: int) -> LogitsProcessorList:
+    """`logits_processor` for the nodes of batch row `row` (of `num_rows`).
 
-    `prefix_allowed_tokens_fn(batch_id, ids)` is per row: `generate` calls it with batch_id = row // num_beams
-    (num_beams counts the copies of each prompt, num_return_sequences included). Its processor would number the
-    nodes of one call as rows, so it is rebuilt with that row's batch id for every node. The tree also shows the
-    function drafted prefixes plain decoding never reaches, so an empty answer is reported as such.
+    A tree pass hands a processor one row's nodes, where plain decoding hands it one node of every row, so the
+    processors that hold per-prompt state index the wrong prompt (or fail on the shape) unless they are narrowed
+    to the row. `generate` builds them before it repeats each prompt for num_return_sequences, so row r belongs to
+    prompt r // copies (copies = num_rows / prompts):
+    - `prefix_allowed_tokens_fn(batch_id, ids)`: its processor would number one call's nodes as rows; rebuilt with
+      the row's batch id for every node. The tree also shows the function drafted prefixes plain decoding never
+      reaches, so an empty answer is reported as such.
+    - `repetition_penalty` with a padded batch: the per-prompt padding lengths it skips (`prompt_ignore_length`).
+    - `encoder_repetition_penalty`: the per-prompt ids it favours (`encoder_input_ids`).
     """
-    if not any(isinstance(p, PrefixConstrainedLogitsProcessor) for p in logits_processor):
-        return logits_processor
     out = LogitsProcessorList()
     for p in logits_processor:
         if isinstance(p, PrefixConstrainedLogitsProcessor):
@@ -102,8 +110,22 @@ def _for_batch_row(logits_processor: LogitsProcessorList, row: int) -> LogitsPro
                     "this transformers version's prefix_allowed_tokens_fn cannot be run per tree node"
                 )
             p = PrefixConstrainedLogitsProcessor(functools.partial(_allowed_for_row, fn, row // copies), num_beams=1)
+        elif isinstance(p, RepetitionPenaltyLogitsProcessor) and isinstance(p.prompt_ignore_length, torch.Tensor):
+            p = copy.copy(p)  # as an int: it cuts the row's padding from every node's ids alike
+            p.prompt_ignore_length = int(_prompt_entry(p.prompt_ignore_length, row, num_rows)[0])
+        elif isinstance(p, EncoderRepetitionPenaltyLogitsProcessor):
+            p = copy.copy(p)
+            p.encoder_input_ids = _prompt_entry(p.encoder_input_ids, row, num_rows)
         out.append(p)
     return out
+
+
+def _prompt_entry(per_prompt: torch.Tensor, row: int, num_rows: int) -> torch.Tensor:
+    """per_prompt[(P, ...)]'s entry for batch row `row` of `num_rows` = P x copies, kept as a batch of one."""
+    if num_rows % per_prompt.shape[0]:
+        raise NotImplementedError(f"a logits processor holds {per_prompt.shape[0]} prompts for {num_rows} batch rows")
+    prompt = row // (num_rows // per_prompt.shape[0])
+    return per_prompt[prompt : prompt + 1]
 
 
 def _allowed_for_row(fn, batch_id: int, _node: int, ids: torch.LongTensor) -> list[int]:
