@@ -80,9 +80,8 @@ def test_eagle3_head_follows_the_target_onto_fast_kernels():
     optimize_for_cpu(model, min_rows={torch.float32: 1})
     ids = torch.tensor([[5, 9, 3, 7, 11, 4]])
     ref = model.generate(ids, do_sample=False, max_new_tokens=30)
-    for tree in ("eagle2", "chain"):
-        out = model.generate(ids, assistant_model=draft, tree=tree, tree_total_tokens=12, tree_depth=4, tree_top_k=4,
-                             do_sample=False, max_new_tokens=30)  # fmt: skip
+    for tree in (dict(tree="eagle2", tree_total_tokens=12, tree_top_k=4), dict(tree="chain")):
+        out = model.generate(ids, assistant_model=draft, tree_depth=4, do_sample=False, max_new_tokens=30, **tree)
         assert torch.equal(out, ref), tree
     assert type(draft.lm_head) is PackedLinear and type(draft.fc) is PackedLinear
     assert min_rows_of(draft) == {torch.float32: 1}

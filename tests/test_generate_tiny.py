@@ -45,7 +45,8 @@ def test_greedy_identity(family_models, tree_kwargs):
         stats = out.eagle_stats
         assert stats.new_tokens == ref.shape[1] - ids.shape[1]
         if stats.target_forwards:  # zero when the first token already ends generation
-            assert stats.tau == pytest.approx(stats.new_tokens / stats.target_forwards)
+            assert stats.prefill_tokens_per_row == [1]  # the prefill's token: in new_tokens, in no round
+            assert stats.tau == pytest.approx((stats.new_tokens - 1) / stats.target_forwards)
         assert sum(stats.accept_hist) == stats.target_forwards
         assert out.cache.get_seq_length() == out.sequences.shape[1] - 1  # all but the last token are cached
         total_accepted += sum(n * c for n, c in enumerate(stats.accept_hist))
@@ -113,6 +114,29 @@ def test_eos_list_and_max_length():
         for kw in (dict(eos_token_id=[5, 7, 11], max_new_tokens=20), dict(max_length=ids.shape[1] + 7)):
             ref = plain(model, ids, **kw)
             assert torch.equal(model.generate(ids, assistant_model=draft, tree="eagle2", tree_top_k=6, **kw), ref)
+
+
+def test_callers_max_length_criteria_replaces_generates_own():
+    """transformers lets a MaxLengthCriteria in stopping_criteria replace its own (from max_length /
+    max_new_tokens): plain decoding then stops at the caller's length, longer or shorter, and so must the trees.
+    transformers' own assisted loop cannot go past generate's length: with a head, that is an error, not a hang."""
+    from transformers import MaxLengthCriteria, StoppingCriteriaList
+
+    model = tiny_model("llama", seed=9)
+    draft = EagleDraftModel.from_target(model, seed=10)
+    ids = prompts(1, seed=4)[0]
+    for new, limit in ((None, 40), (10, 35), (30, 12)):  # None: generate's default max_length (20) is in force
+        kw = dict(stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(ids.shape[1] + limit)]))
+        kw |= {} if new is None else dict(max_new_tokens=new)
+        ref = plain(model, ids, **kw)
+        assert ref.shape[1] == ids.shape[1] + limit  # the caller's criterion, not generate's length
+        for tree in (dict(tree="eagle2"), dict(tree="eagle1"), dict(tree="chain")):
+            assert torch.equal(model.generate(ids, assistant_model=draft, **tree, **kw), ref), (new, limit, tree)
+        if limit < (new or 20 - ids.shape[1]):  # the stock assisted loop stops at the criterion's length ...
+            assert torch.equal(model.generate(ids, assistant_model=draft, **kw), ref)
+        else:  # ... but cuts every round at its own max_length, so going past it would never end: refused
+            with pytest.raises(ValueError, match="cannot go past max_length"):
+                model.generate(ids, assistant_model=draft, **kw)
 
 
 def test_scores_and_logits_match_plain():
@@ -227,6 +251,30 @@ def test_clear_errors():
         model.generate(torch.randint(3, 32, (1, 600)), assistant_model=draft, tree="eagle2", max_new_tokens=5)
     with pytest.raises(ValueError, match="beam search"):
         model.generate(ids, assistant_model=draft, tree="eagle2", num_beams=2, max_new_tokens=5)
+
+
+def test_tree_options_the_path_does_not_read_are_refused():
+    """A tree option passed to generate is read by the chosen path or refused by name, never dropped."""
+    model = tiny_model("llama", seed=19)
+    draft = EagleDraftModel.from_target(model, seed=20)
+    ids = prompts(1, seed=9)[0]
+    cases = [
+        (dict(tree="eagle1", tree_total_tokens=12), "tree='eagle1' does not use tree_total_tokens"),
+        (dict(tree="eagle1", tree_depth=3, tree_top_k=3), "does not use tree_depth, tree_top_k"),
+        (dict(tree="chain", tree_top_k=3, tree_rerank=False), "tree='chain' does not use tree_rerank, tree_top_k"),
+        (dict(tree="eagle2", tree_static_paths=((0,), (0, 0))), "tree='eagle2' does not use tree_static_paths"),
+        (dict(tree_total_tokens=12), "without tree= .* does not use tree_total_tokens"),
+        (dict(eagle_record_calibration=True), "without tree= .* does not use eagle_record_calibration"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            model.generate(ids, assistant_model=draft, max_new_tokens=5, **kwargs)
+    with pytest.raises(ValueError, match="tree_depth: tree speculation options need assistant_model"):
+        model.generate(ids, max_new_tokens=5, tree_depth=3)  # no head: stock generate would never read it
+    model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=5)
+    assert draft.last_stats is not None
+    model.generate(ids, assistant_model=draft, max_new_tokens=5)  # the stock loop keeps no stats of its own
+    assert draft.last_stats is None  # not the previous call's
     model.config._attn_implementation = "flash_attention_2"
     try:
         with pytest.raises(ValueError, match="attn_implementation='sdpa'"):

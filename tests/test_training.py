@@ -298,7 +298,7 @@ def test_a_truncated_shard_is_named(real_features, tmp_path):
 
 @pytest.mark.parametrize("kernels", ["stock", "fast"])
 def test_eval_head_measures_tau_and_leaves_the_kernels_as_they_were(smollm2, kernels, monkeypatch):
-    """eval-head's τ is new tokens per target forward of real generate calls, on the kernels asked for; the
+    """eval-head's τ is the rounds' tokens per target forward of real generate calls, on the kernels asked for; the
     model's own kernels are restored after."""
     import hf_eagle2.evaluation as evaluation
 
@@ -312,7 +312,8 @@ def test_eval_head_measures_tau_and_leaves_the_kernels_as_they_were(smollm2, ker
                        progress=False, kernels=kernels)  # fmt: skip
     r = result["datasets"]["builtin"]
     assert result["kernels"] == kernels and r["prompts"] == 2 and r["new_tokens"] == 16
-    assert r["tau"] == r["new_tokens"] / r["target_forwards"] and sum(r["accept_hist"]) == r["target_forwards"]
+    assert r["prefill_tokens"] == r["prompts"] and sum(r["accept_hist"]) == r["target_forwards"]
+    assert r["tau"] == (r["new_tokens"] - r["prompts"]) / r["target_forwards"]  # rounds' tokens per round
     assert not is_optimized(model) and not is_optimized(draft) and draft.binding.head_packed is None
     optimize_for_cpu(model)  # a model the user optimised stays optimised (and "stock" ran on stock kernels)
     try:

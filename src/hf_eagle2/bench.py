@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from .drafter import DEFAULT_CPU_NGRAM
 from .evaluation import Prompt, chat_input_ids, load_prompts
+from .stats import tau_of
 
 # name -> generate kwargs; FIXED marks the methods that get the fixed tree of `tree_params` (m, depth, k)
 TREE_METHODS = {
@@ -78,6 +79,7 @@ class Run:
     identical: bool
     split: dict = field(default_factory=dict)
     diverged_at: int | None = None  # first new token that differs from plain greedy (None: identical)
+    prefill_tokens: int = 1  # the first token, from the prefill forward (not counted in target_forwards or tau)
 
 
 def method_kwargs(method: str, draft, tree_params: dict) -> dict:
@@ -130,6 +132,7 @@ def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=No
     if stats is not None and stats.rounds:
         split = {key: 1000 * getattr(stats, attr) / stats.rounds for key, attr in SPLIT_STATS.items()}
     run = Run(method, "", seconds, new, forwards, True, split)
+    run.prefill_tokens = sum(stats.prefill_tokens_per_row) if stats is not None else min(new, 1)
     if reference is not None:
         mark_divergence(run, seq, reference, ids.shape[1])
     return seq, run
@@ -238,6 +241,7 @@ def summarize(runs: dict[str, list[Run]], datasets, methods, tree_params, max_ne
             stock_ratios = _ratios(stock_runs, ok)
             diverged = [r.diverged_at for r in rs if r.diverged_at is not None]
             tokens = sum(r.new_tokens for r in ok)
+            prefill_tokens = sum(r.prefill_tokens for r in ok)
             forwards = sum(r.target_forwards for r in ok)
             seconds = sum(r.seconds for r in ok)
             split = {}
@@ -251,7 +255,8 @@ def summarize(runs: dict[str, list[Run]], datasets, methods, tree_params, max_ne
                 "failed_prompts": [r.prompt for r in rs if not r.identical],
                 "new_tokens": tokens,
                 "target_forwards": forwards,
-                "tau": tokens / forwards if forwards else None,
+                "prefill_tokens": prefill_tokens,
+                "tau": tau_of(tokens, prefill_tokens, forwards),
                 "tokens_per_second": tokens / seconds if seconds else None,
                 "speedup_median": statistics.median(ratios) if ratios else None,
                 "speedup_min": min(ratios) if ratios else None,

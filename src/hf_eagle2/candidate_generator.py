@@ -38,6 +38,15 @@ class EagleCandidateGenerator(CandidateGenerator):
             return input_ids, None  # let the target prefill first: the head needs its features
         if input_ids.shape[0] != 1:
             raise ValueError("the stock assisted-decoding loop supports batch size 1 only")
+        if self.max_length is not None and input_ids.shape[1] >= self.max_length:
+            # the stock loop cuts every round's tokens at generation_config.max_length, so a round asked for here
+            # can never add a token: it would repeat forever (a MaxLengthCriteria of the caller's, which replaces
+            # generate's own, kept the loop going past that length)
+            raise ValueError(
+                f"transformers' assisted-decoding loop cannot go past max_length={self.max_length}, but the stopping "
+                "criteria did not stop it there (a MaxLengthCriteria longer than max_length?): set max_new_tokens / "
+                "max_length instead, or pass tree='chain' (tree speculation honours the caller's criterion)"
+            )
         drafter = self.drafter
         hidden = select_features(kwargs["model_outputs"].hidden_states, self.feature_ids)
         fresh = drafter.fed == 0 and not drafter.pending

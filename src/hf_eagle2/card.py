@@ -22,6 +22,7 @@ import os
 import yaml
 
 from .head_formats import weights_sha256
+from .stats import tau_of
 
 SHAREGPT_HUB = "anon8231489123/ShareGPT_Vicuna_unfiltered"
 
@@ -121,7 +122,8 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         "",
         f"Greedy, `max_new_tokens={ev.get('max_new_tokens', '-')}`, tree `{tree.get('tree', 'eagle2')}` with "
         f"m={tree.get('tree_total_tokens', '-')}, depth {tree.get('tree_depth', '-')}, k={tree.get('tree_top_k', '-')}. "
-        "τ is the average number of tokens per target forward (bonus token included)"
+        "τ is the average number of tokens per verification round (bonus token included; the prefill's token is in "
+        "no round)"
         + (" (fast CPU kernels)" if ev.get("kernels") == "fast" else "")
         + (" with the head scoring the full vocabulary (`eval-head --full-vocab`)." if ev.get("full_vocab") else "."),
         "",
@@ -130,13 +132,13 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     ]
     for ds, r in datasets.items():
         sp = speed.get(ds, {})
-        lines.append(f"| {ds} | {r['prompts']} | {_fmt(r['tau'])} | {_fmt(sp.get('speedup'))}x |" if sp else
-                     f"| {ds} | {r['prompts']} | {_fmt(r['tau'])} | - |")  # fmt: skip
+        lines.append(f"| {ds} | {r['prompts']} | {_fmt(round_tau(r))} | {_fmt(sp.get('speedup'))}x |" if sp else
+                     f"| {ds} | {r['prompts']} | {_fmt(round_tau(r))} | - |")  # fmt: skip
     if speed.get("note"):
         lines += ["", speed["note"]]
     lines += [""]
     if results.get("comparison"):
-        this = {"name": name, "tau": {ds: r["tau"] for ds, r in datasets.items()},
+        this = {"name": name, "tau": {ds: round_tau(r) for ds, r in datasets.items()},
                 "head_parameters": train.get("head_parameters"), "tokens_seen": train.get("tokens_seen")}  # fmt: skip
         lines += _comparison_table([this, *results["comparison"]], list(datasets))
     lines += _depth_table(datasets)
@@ -250,6 +252,15 @@ def _comparison_table(rows: list[dict], datasets: list[str]) -> list[str]:
     return lines + [""]
 
 
+def round_tau(r: dict) -> float | None:
+    """An evaluation's τ over verification rounds. Evaluations from before eval-head recorded `prefill_tokens`
+    stored new_tokens / target_forwards, which counted each prompt's prefill token as a round's: recomputed from
+    their counts (one prefill token per prompt)."""
+    if "prefill_tokens" in r or not all(key in r for key in ("new_tokens", "target_forwards", "prompts")):
+        return r.get("tau")
+    return tau_of(r["new_tokens"], r["prompts"], r["target_forwards"])
+
+
 EVAL_SETTINGS = {"max_new_tokens": None, "tree": None, "kernels": "stock", "full_vocab": False}  # setting: its value where unrecorded
 
 
@@ -266,7 +277,7 @@ def comparison_row(name: str, head_folder: str, evaluation: dict) -> dict:
         raise ValueError(f"{head_folder} was evaluated with other settings ({', '.join(differ)}): evaluate it as this "
                          "head was (same eval-head command) before putting the two side by side")  # fmt: skip
     train = other.get("training", {})
-    return {"name": name, "tau": {ds: r["tau"] for ds, r in other.get("eval", {}).get("datasets", {}).items()},
+    return {"name": name, "tau": {ds: round_tau(r) for ds, r in other.get("eval", {}).get("datasets", {}).items()},
             "head_parameters": train.get("head_parameters"), "tokens_seen": train.get("tokens_seen")}  # fmt: skip
 
 
@@ -320,7 +331,7 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
         for path in curve_jsons:
             ev = load(path)
             tokens = _tokens_seen(ev["draft"])
-            curve.append({"tokens_seen": tokens, "tau_mtbench": ev["datasets"]["mtbench"]["tau"],
+            curve.append({"tokens_seen": tokens, "tau_mtbench": round_tau(ev["datasets"]["mtbench"]),
                           "prompts": ev["datasets"]["mtbench"]["prompts"]})  # fmt: skip
         results["curve"] = sorted(curve, key=lambda c: c["tokens_seen"])
         plot_curve(results["curve"], os.path.join(folder, "tau_curve.png"))

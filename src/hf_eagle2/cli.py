@@ -190,13 +190,14 @@ def cmd_demo(args) -> None:
     from .assets import load_model
     from .cpu_kernels import optimize_for_cpu
     from .evaluation import chat_input_ids
+    from .integration import used_tree_options
 
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     draft, source = load_draft(args.draft, model)
     ids = chat_input_ids(tokenizer, [{"role": "user", "content": args.prompt}])
-    tree = dict(tree=args.tree, tree_total_tokens=args.tree_total_tokens, tree_depth=args.tree_depth,
-                tree_top_k=args.tree_top_k, tree_ngram=args.tree_ngram)  # fmt: skip
+    tree = used_tree_options(dict(tree=args.tree, tree_total_tokens=args.tree_total_tokens, tree_depth=args.tree_depth,
+                                  tree_top_k=args.tree_top_k, tree_ngram=args.tree_ngram))  # fmt: skip
     print(f"target: {args.model} ({args.dtype})  draft: {source}\nprompt: {args.prompt}\n")
 
     def timed(**kw):

@@ -75,7 +75,10 @@ def eagle_generate(
     static_capacity = cache.get_max_length(full_layer) if isinstance(cache, StaticCache) else None
     bsz, prompt_len = input_ids.shape
     device = input_ids.device
-    max_length = generation_config.max_length
+    stopper = BlockStopper(stopping_criteria, bsz)
+    # a MaxLengthCriteria passed by the caller replaces generate's own (transformers merges them so): the length
+    # plain decoding stops at is the criteria's, which may exceed generation_config.max_length
+    max_length = stopper.max_length if stopper.max_length is not None else generation_config.max_length
     if target.max_positions is not None and prompt_len > target.max_positions:
         raise ValueError(
             f"the prompt has {prompt_len} tokens, more than the model's max_position_embeddings={target.max_positions}"
@@ -144,10 +147,9 @@ def eagle_generate(
     sequences[:, :prompt_len] = input_ids
     seq_len = [prompt_len] * bsz
     unfinished = [True] * bsz
-    stopper = BlockStopper(stopping_criteria, bsz)
     first_scores = (lambda j: processed[:1]) if bsz == 1 else None  # noqa: E731 - the prefill's step scores
-    _emit(first.view(bsz, 1), first.view(bsz, 1).tolist(), sequences, seq_len, unfinished, stopper, streamer, stats,
-          first_scores, pad_id)  # fmt: skip
+    stats.prefill_tokens_per_row = _emit(first.view(bsz, 1), first.view(bsz, 1).tolist(), sequences, seq_len,
+                                         unfinished, stopper, streamer, stats, first_scores, pad_id)  # fmt: skip
     # slot state: one entry per target cache slot, plus the root (last token, not yet in the cache)
     slot_tokens = torch.cat([input_ids, first.view(bsz, 1)], dim=1)
     root_pos = valid_prompt.sum(-1)  # (B,) logical position of the root

@@ -11,6 +11,8 @@ from tqdm.auto import tqdm
 
 from .assets import humaneval_problems, mtbench_questions
 from .calibration import calibration_report, merge_logs
+from .integration import used_tree_options
+from .stats import tau_of
 from .training.data import conversation_base, is_heldout, iter_sharegpt
 
 BUILTIN_PROMPTS = [
@@ -100,10 +102,11 @@ def eval_head(model, tokenizer, draft, datasets=("mtbench", "humaneval"), limit=
 
 def _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kwargs, calibration, progress) -> dict:
     tree_kwargs = dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10, tree_ngram=0) | dict(tree_kwargs or {})
+    tree_kwargs = used_tree_options(tree_kwargs)
     results, logs = {}, []
     for dataset in datasets:
         prompts = load_prompts(dataset, limit)
-        new_tokens = forwards = 0
+        new_tokens = prefill_tokens = forwards = 0
         hist: list[int] = []
         seconds = 0.0
         for prompt in tqdm(prompts, desc=f"eval {dataset}", disable=not progress):
@@ -116,6 +119,7 @@ def _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kw
             seconds += time.perf_counter() - start
             stats = out.eagle_stats
             new_tokens += stats.new_tokens
+            prefill_tokens += sum(stats.prefill_tokens_per_row)
             forwards += stats.target_forwards
             hist = add_histograms(hist, stats.accept_hist)
             if calibration and stats.calibration is not None:
@@ -123,8 +127,9 @@ def _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kw
         results[dataset] = {
             "prompts": len(prompts),
             "new_tokens": new_tokens,
+            "prefill_tokens": prefill_tokens,  # one per prompt, produced by no round: not in tau
             "target_forwards": forwards,
-            "tau": new_tokens / max(forwards, 1),
+            "tau": tau_of(new_tokens, prefill_tokens, forwards) or 0.0,
             "accept_hist": hist,
             "tokens_per_second": new_tokens / max(seconds, 1e-9),
         }

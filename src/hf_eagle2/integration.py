@@ -45,6 +45,14 @@ TREE_FIELDS = {
     "eagle_profile": "profile",
 }
 DEFAULT_CHAIN_DEPTH = 6
+# the tree options each path reads (None: no tree=, an EAGLE head drafting a chain in the stock assisted loop);
+# one passed to generate that the chosen path does not read is an error, not silently dropped
+USED_BY = {
+    "eagle2": set(TREE_FIELDS) - {"tree_static_paths"},
+    "eagle1": {"tree", "tree_static_paths", "eagle_record_calibration", "eagle_profile"},
+    "chain": {"tree", "tree_depth", "eagle_record_calibration", "eagle_profile"},
+    None: {"tree_depth"},
+}
 # generate kwargs transformers used to fetch a custom_generate repo; they reach the recipe too, not the model
 HUB_KWARGS = ("token", "revision", "cache_dir", "local_files_only", "force_download", "proxies", "repo_type")
 
@@ -129,10 +137,13 @@ def _generate(original, self, *args, **kwargs):
     if isinstance(arguments.get("custom_generate"), str):  # a Hub/folder recipe: transformers loads and runs it
         return original(self, **arguments, **extra)
     generation_config = arguments.get("generation_config")
+    passed = sorted(key for key in TREE_FIELDS if key in extra)  # this call's own tree options
     values = {key: _resolve(key, extra, generation_config, self.generation_config) for key in TREE_FIELDS}
     assistant = arguments.get("assistant_model")
     if isinstance(assistant, EagleDraftModel):
         assistant.bind(self)  # a head made for another model is refused here, before any target forward
+        assistant.last_stats = None  # set again by a tree= call only: never the stats of an earlier call
+    _check_options_used(passed, values["tree"], isinstance(assistant, EagleDraftModel))
     if values["tree"] is None:
         if isinstance(assistant, EagleDraftModel):
             _set_chain_depth(self, arguments, extra, values["tree_depth"])
@@ -173,6 +184,26 @@ def _generate(original, self, *args, **kwargs):
     )  # fmt: skip
     arguments["assistant_model"] = None
     return original(self, **arguments, **extra)
+
+
+def used_tree_options(options: dict) -> dict:
+    """`options` (generate kwargs with a `tree`) less those its tree does not read: for callers with defaults for
+    every tree option (the CLI, eval-head), which generate would otherwise refuse."""
+    return {key: value for key, value in options.items() if key in USED_BY[options["tree"]] or key not in TREE_FIELDS}
+
+
+def _check_options_used(passed: list[str], tree: str | None, eagle_head: bool) -> None:
+    """Raises for a tree option passed to generate that the chosen path would not read (see USED_BY). Options
+    that come from a generation config are not checked: pipelines hand on a copy of the model's own config,
+    which may hold options for other calls."""
+    if tree is None and not eagle_head and passed:
+        raise ValueError(f"{', '.join(passed)}: tree speculation options need assistant_model=<EagleDraftModel> "
+                         "and tree=...")  # fmt: skip
+    unused = [key for key in passed if key not in USED_BY.get(tree, TREE_FIELDS)]
+    if unused:
+        path = f"tree={tree!r}" if tree is not None else "an EAGLE head without tree= (a chain in the assisted loop)"
+        raise ValueError(f"{path} does not use {', '.join(unused)}; it reads only "
+                         f"{', '.join(sorted(USED_BY[tree] - {'tree'}))}")  # fmt: skip
 
 
 def _set_chain_depth(model, arguments: dict, extra: dict, tree_depth) -> None:

@@ -9,12 +9,19 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 
+def tau_of(new_tokens: int, prefill_tokens: int, rounds: int) -> float | None:
+    """τ from counts: tokens per verification round. `prefill_tokens` (the first token of each generation, which
+    the prefill forward produced) are left out, as the prefill is not a round; None without rounds."""
+    return (new_tokens - prefill_tokens) / rounds if rounds else None
+
+
 @dataclass
 class EagleStats:
     """Counters and a time split for one generate call.
 
-    tau = new_tokens / target_forwards: the average number of tokens each verification pass produced, bonus
-    token included (prefill excluded from both). accept_hist[n] counts rounds that accepted n draft tokens
+    tau = tokens from verification rounds / rounds, over all rows: the average number of tokens each
+    verification pass produced, bonus token included. The prefill's token (one per row) came from no round, so it
+    counts in new_tokens but not in tau (`tau_of`). accept_hist[n] counts rounds that accepted n draft tokens
     (so each such round emitted n + 1 tokens, fewer where a stop cut it). Seconds are wall-clock; on CUDA they
     are measured after a synchronize only when `profile=True` was passed to generate.
     """
@@ -32,14 +39,15 @@ class EagleStats:
     bookkeeping_s: float = 0.0
     total_s: float = 0.0
     new_tokens_per_row: list[int] = field(default_factory=list)
+    prefill_tokens_per_row: list[int] = field(default_factory=list)  # 1, or 0 where max_length left no room
     target_forwards_per_row: list[int] = field(default_factory=list)
     calibration: dict | None = None
 
     @property
     def tau(self) -> float:
-        """Average acceptance length over all rows: new tokens per row-verification."""
+        """Average acceptance length over all rows: round tokens per row-verification."""
         row_forwards = sum(self.target_forwards_per_row) or self.target_forwards
-        return self.new_tokens / row_forwards if row_forwards else 0.0
+        return tau_of(self.new_tokens, sum(self.prefill_tokens_per_row), row_forwards) or 0.0
 
     @property
     def rounds(self) -> int:
@@ -47,7 +55,8 @@ class EagleStats:
 
     @property
     def tau_per_row(self) -> list[float]:
-        return [n / f if f else 0.0 for n, f in zip(self.new_tokens_per_row, self.target_forwards_per_row)]
+        prefill = self.prefill_tokens_per_row or [0] * len(self.new_tokens_per_row)
+        return [tau_of(n, p, f) or 0.0 for n, p, f in zip(self.new_tokens_per_row, prefill, self.target_forwards_per_row)]
 
     @property
     def round_s(self) -> float:
