@@ -128,6 +128,9 @@ def test_results_describe_one_set_of_weights(tmp_path):
     assert results["head_sha256"] == digest and results["speed"] == RESULTS["speed"] and "dropped" not in results
     with pytest.raises(ValueError, match="bench.json .bench --out. was measured on other weights"):
         assemble_results(str(tmp_path), bench_json=str(tmp_path / "bench.json"))
+    (tmp_path / "bench.json").write_text(json.dumps({"meta": {"draft": "random"}, "results": {}}))  # no head found
+    with pytest.raises(ValueError, match="randomly initialised head"):
+        assemble_results(str(tmp_path), bench_json=str(tmp_path / "bench.json"))
     EagleDraftModel.from_target(tiny_model("llama"), seed=1).save_pretrained(tmp_path)  # retrained in place
     assert weights_sha256(tmp_path) != digest
     with pytest.raises(ValueError, match="eval.json .eval-head --out. was measured on other weights"):

@@ -315,6 +315,8 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
         results.setdefault("commands", {})["eval"] = ev.get("command")
     if bench_json:
         bench = load(bench_json)
+        if bench["meta"].get("draft") == "random":
+            raise ValueError(f"{bench_json} benchmarked a randomly initialised head, not {folder}'s: pass --draft")
         measured_here("bench --out", bench_json, bench["meta"].get("draft_sha256"))
         speed = {ds: {"speedup": r["eagle2"]["speedup_median"], "tau": r["eagle2"]["tau"]}
                  for ds, r in bench["results"].items() if "eagle2" in r}  # fmt: skip

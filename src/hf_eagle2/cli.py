@@ -120,7 +120,9 @@ def cmd_bench(args) -> None:
 
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
-    draft, _ = load_draft(args.draft, model)
+    draft, source = load_draft(args.draft, model)
+    if source != args.draft and args.draft != "random":  # the default head folder is missing (another directory?)
+        print(f"bench: {args.draft} not found; benchmarking {source}", file=sys.stderr)
     if args.cost_curve:
         from .bench import cost_curve, cost_curve_markdown
 
@@ -138,7 +140,8 @@ def cmd_bench(args) -> None:
         max_new_tokens=args.max_new_tokens, tree_params=params, threads=args.threads, second_turn=not args.first_turn_only,
         kernels=args.kernels,
     )  # fmt: skip
-    results["meta"].update(model=args.model, draft=args.draft, draft_sha256=getattr(draft, "weights_sha256", None),
+    results["meta"].update(model=args.model, draft=source if source == args.draft else "random",
+                           draft_sha256=getattr(draft, "weights_sha256", None),
                            dtype=args.dtype, command="hf-eagle2 bench " + " ".join(sys.argv[2:]))  # fmt: skip
     write_outputs(results, args.out)
     if args.readme:
