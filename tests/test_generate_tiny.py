@@ -139,6 +139,17 @@ def test_callers_max_length_criteria_replaces_generates_own():
                 model.generate(ids, assistant_model=draft, **kw)
 
 
+def test_returned_cache_stops_recording_past_states():
+    """The loop records sliding-window layers' past states (to prune them to the accepted path); a cache handed
+    back stops recording, as generate leaves its own, so later plain calls on it keep the window only."""
+    model = tiny_model("gemma3", seed=1)
+    draft = EagleDraftModel.from_target(model, seed=2)
+    ids = prompts(1, seed=3, lo=20, hi=30)[0]
+    out = model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=20, return_dict_in_generate=True)
+    sliding = [layer for layer in out.cache.layers if hasattr(layer, "record_past")]
+    assert sliding and not any(layer.record_past for layer in sliding)
+
+
 def test_scores_and_logits_match_plain():
     model = tiny_model("llama", seed=11)
     draft = EagleDraftModel.from_target(model, seed=12)

@@ -225,6 +225,11 @@ def eagle_generate(
 
     if streamer is not None:
         streamer.end()
+    # the cache outlives the call (returned, or the caller's own): as generate does for caches it hands back, stop
+    # recording past states, or sliding-window layers would keep growing in later plain calls on it
+    for layer in cache.layers:
+        if hasattr(layer, "record_past"):
+            layer.record_past = False
     stats.total_s = stats.prefill_s + stats.round_s
     if calib is not None:
         stats.calibration = calib.as_dict()
