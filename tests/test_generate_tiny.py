@@ -150,6 +150,36 @@ def test_returned_cache_stops_recording_past_states():
     assert sliding and not any(layer.record_past for layer in sliding)
 
 
+def test_custom_stopping_criteria_get_the_scores_plain_decoding_passes():
+    """_sample hands stopping criteria the tuple of every processed step's scores so far when scores are returned,
+    else None; a criterion reading them stops the trees where it stops plain decoding."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class ConfidentStep(StoppingCriteria):  # stops after a step whose processed top score is high, or at 12 steps
+        def __init__(self):
+            self.seen = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.seen.append(None if scores is None else (len(scores), tuple(scores[-1].shape)))
+            stop = len(scores) >= 12 or float(scores[-1].max()) > 0.85 if scores is not None else input_ids.shape[1] > 20
+            return torch.full((input_ids.shape[0],), stop, dtype=torch.bool)
+
+    model = tiny_model("llama", seed=11)
+    draft = EagleDraftModel.from_target(model, seed=12)
+    for ids in prompts(4, seed=5):
+        for returned in (dict(return_dict_in_generate=True, output_scores=True), dict()):
+            ref_criterion, tree_criterion = ConfidentStep(), ConfidentStep()
+            ref = plain(model, ids, max_new_tokens=30, stopping_criteria=StoppingCriteriaList([ref_criterion]), **returned)
+            out = model.generate(ids, assistant_model=draft, tree="eagle2", max_new_tokens=30,
+                                 stopping_criteria=StoppingCriteriaList([tree_criterion]), **returned)  # fmt: skip
+            if returned:
+                assert torch.equal(out.sequences, ref.sequences)
+                assert len(ref.scores) < 30  # the criterion stopped it
+            else:
+                assert torch.equal(out, ref)
+            assert tree_criterion.seen[-1] == ref_criterion.seen[-1]  # the same scores at the stopping token
+
+
 def test_scores_and_logits_match_plain():
     model = tiny_model("llama", seed=11)
     draft = EagleDraftModel.from_target(model, seed=12)

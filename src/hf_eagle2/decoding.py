@@ -17,6 +17,7 @@ accepted run stays right before its new root. With one row there are never holes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
@@ -147,7 +148,10 @@ def eagle_generate(
     sequences[:, :prompt_len] = input_ids
     seq_len = [prompt_len] * bsz
     unfinished = [True] * bsz
-    first_scores = (lambda j: processed[:1]) if bsz == 1 else None  # noqa: E731 - the prefill's step scores
+    # stopping criteria get what _sample hands them: every processed step's scores so far when they are returned
+    # (return_dict_in_generate and output_scores; batch size 1 here), else None
+    criteria_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+    first_scores = _scores_so_far(scores_out) if criteria_scores else None  # scores_out holds the prefill's step
     stats.prefill_tokens_per_row = _emit(first.view(bsz, 1), first.view(bsz, 1).tolist(), sequences, seq_len,
                                          unfinished, stopper, streamer, stats, first_scores, pad_id)  # fmt: skip
     # slot state: one entry per target cache slot, plus the root (last token, not yet in the cache)
@@ -190,7 +194,8 @@ def eagle_generate(
             stats.target_forwards += 1
             stats.tree_nodes += num_nodes - 1
             blocks = [h[1 : 2 + counts[b]] for b, h in enumerate(host)]
-            block_scores = (lambda j: processed[0, paths[0][j]].unsqueeze(0)) if bsz == 1 else None  # noqa: E731
+            block_scores = (_scores_so_far(scores_out, lambda i: processed[0, paths[0][i]].unsqueeze(0))
+                            if criteria_scores else None)  # fmt: skip
             emitted = _emit(new_tokens, blocks, sequences, seq_len, unfinished, stopper, streamer, stats, block_scores,
                             pad_id, active)  # fmt: skip
             if want_scores:
@@ -245,6 +250,12 @@ def eagle_generate(
         cache=cache,
         eagle_stats=stats,
     )
+
+
+def _scores_so_far(done: list[torch.Tensor], step: Callable[[int], torch.Tensor] | None = None) -> Callable:
+    """`scores(j)` for BlockStopper: the steps in `done` ((V,) each), then a round's steps 0..j (`step(i)`: (1, V)),
+    as the tuple of (1, V) tensors that `_sample` passes stopping criteria after that token."""
+    return lambda j: tuple(s.unsqueeze(0) for s in done) + (tuple(step(i) for i in range(j + 1)) if step else ())
 
 
 def _expand(index: torch.LongTensor, like: torch.Tensor) -> torch.LongTensor:

@@ -8,8 +8,8 @@ criteria are checked on the whole block at once, on tokens already on the host (
 * `StopStringCriteria`: one call over the windows that end at each block position (a batch of prefixes);
 * `MaxTimeCriteria`: wall time only, so once per block (its stop point is a matter of timing in any case).
 
-Any other criterion is called token by token on the row's prefix (a batch of one) with that token's processed
-scores, exactly as `_sample` calls it; with a batch that would show a row-stateful criterion the wrong rows,
+Any other criterion is called token by token on the row's prefix (a batch of one) with the scores `_sample`
+would pass it there (every processed step's scores so far when they are returned, else None); with a batch that would show a row-stateful criterion the wrong rows,
 so custom criteria with batch size > 1 are refused up front.
 """
 
@@ -49,11 +49,12 @@ class BlockStopper:
             )
 
     def take(
-        self, sequence: torch.LongTensor, start: int, block: list[int], scores: Callable[[int], torch.Tensor] | None
+        self, sequence: torch.LongTensor, start: int, block: list[int], scores: Callable[[int], tuple] | None
     ) -> tuple[int, bool]:
         """How many of `block` (host token ids, written at sequence[start:]) plain decoding would emit, and whether
-        it stops there. sequence: (L,) the row's tokens with the block already written; scores(j): (1, V) the
-        processed scores that chose block[j]."""
+        it stops there. sequence: (L,) the row's tokens with the block already written; scores(j): what `_sample`
+        passes stopping criteria after block[j] (the tuple of every processed step's scores so far when the
+        caller returns scores); None: None, as `_sample` passes when scores are not returned."""
         take, stop = len(block), False
         if self.max_length is not None and start + take >= self.max_length:
             take, stop = self.max_length - start, True
