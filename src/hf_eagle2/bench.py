@@ -131,8 +131,8 @@ def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=No
     split = {}
     if stats is not None and stats.rounds:
         split = {key: 1000 * getattr(stats, attr) / stats.rounds for key, attr in SPLIT_STATS.items()}
-    run = Run(method, "", seconds, new, forwards, True, split)
-    run.prefill_tokens = sum(stats.prefill_tokens_per_row) if stats is not None else min(new, 1)
+    prefill_tokens = sum(stats.prefill_tokens_per_row) if stats is not None else min(new, 1)
+    run = Run(method, "", seconds, new, forwards, True, split, prefill_tokens=prefill_tokens)
     if reference is not None:
         mark_divergence(run, seq, reference, ids.shape[1])
     return seq, run

@@ -261,12 +261,13 @@ def round_tau(r: dict) -> float | None:
     return tau_of(r["new_tokens"], r["prompts"], r["target_forwards"])
 
 
-EVAL_SETTINGS = {"max_new_tokens": None, "tree": None, "kernels": "stock", "full_vocab": False}  # setting: its value where unrecorded
+# the settings heads put side by side must share: setting -> its value where an evaluation did not record it
+EVAL_SETTINGS = {"max_new_tokens": None, "tree": None, "kernels": "stock", "full_vocab": False}
 
 
 def comparison_row(name: str, head_folder: str, evaluation: dict) -> dict:
     """A side-by-side row from another head folder's results.json (its evaluation and training summary); an
-    error unless it was evaluated as `evaluation` was (tree, max_new_tokens, kernels, draft vocabulary, prompts per dataset)."""
+    error unless it was evaluated as `evaluation` was (EVAL_SETTINGS and the prompts per dataset)."""
     with open(os.path.join(head_folder, "results.json"), encoding="utf-8") as f:
         other = json.load(f)
     theirs = other.get("eval", {})
