@@ -6,7 +6,8 @@ import os
 import pytest
 
 from hf_eagle2 import cli
-from hf_eagle2.bench import Run, parse_limit, summarize, update_readme
+from hf_eagle2.bench import Run, summarize, update_readme
+from hf_eagle2.evaluation import BUILTIN_PROMPTS, load_prompts, parse_limit
 
 SHIPPED_HEAD = os.path.join(os.path.dirname(__file__), "..", "model_cards", "smollm2-135m-instruct-eagle2")
 SMOKE_METHODS = ["plain", "plain_stock", "prompt_lookup", "assisted_chain", "eagle1", "eagle2", "eagle2_no_ngram",
@@ -89,3 +90,7 @@ def test_limit_per_dataset():
     assert parse_limit("mtbench=10,humaneval=20") == {"mtbench": 10, "humaneval": 20}
     with pytest.raises(ValueError, match="mtbench=10,humaneval=20"):
         parse_limit("mtbench=ten")
+    with pytest.raises(ValueError, match="mtbnech"):  # a misspelt name would leave its dataset uncapped
+        parse_limit("mtbnech=80", ["mtbench", "humaneval"])
+    caps = parse_limit("mtbench=3,humaneval=2", ["mtbench", "humaneval"])
+    assert [len(load_prompts(ds, caps)) for ds in ("mtbench", "humaneval", "builtin")] == [3, 2, len(BUILTIN_PROMPTS)]

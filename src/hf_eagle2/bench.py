@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .drafter import DEFAULT_CPU_NGRAM
-from .evaluation import Prompt, chat_input_ids, load_prompts
+from .evaluation import chat_input_ids, load_prompts
 from .stats import tau_of
 
 # name -> generate kwargs; FIXED marks the methods that get the fixed tree of `tree_params` (m, depth, k)
@@ -149,26 +149,6 @@ def mark_divergence(run: Run, seq: torch.Tensor, reference: torch.Tensor, prompt
     run.diverged_at = (int(diff[0]) if diff.numel() else n) - prompt_len
 
 
-def bench_prompts(dataset: str, limit: int | dict[str, int] | None) -> list[Prompt]:
-    """limit: one cap for every dataset, or a cap per dataset name (missing names: no cap)."""
-    return load_prompts(dataset, limit.get(dataset) if isinstance(limit, dict) else limit)
-
-
-def parse_limit(text: str | None) -> int | dict[str, int] | None:
-    """`--limit` text: "5" (every dataset) or "mtbench=10,humaneval=20" (per dataset)."""
-    if text is None or not text.strip():
-        return None
-    if "=" not in text:
-        return int(text)
-    caps = {}
-    for item in text.split(","):
-        name, sep, value = item.partition("=")
-        if not sep or not value.strip().isdigit():
-            raise ValueError(f"--limit takes N or name=N,name=N (e.g. mtbench=10,humaneval=20), got {text!r}")
-        caps[name.strip()] = int(value)
-    return caps
-
-
 def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT_METHODS, limit=None,
               max_new_tokens=256, tree_params=None, threads=None, progress=True, second_turn=True,
               kernels="fast") -> dict:  # fmt: skip
@@ -187,7 +167,7 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
         run_one(model, warm, m, draft, tree_params, 8, kernels=kernels)
     work = []  # (dataset, prompt id, messages builder)
     for ds in datasets:
-        for p in bench_prompts(ds, limit):
+        for p in load_prompts(ds, limit):
             work.append((ds, p, 0))
             if ds == "mtbench" and second_turn:
                 work.append((ds, p, 1))

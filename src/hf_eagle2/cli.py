@@ -87,16 +87,17 @@ def cmd_train(args) -> None:
 def cmd_eval_head(args) -> None:
     from .assets import load_model
     from .calibration import markdown_table, plot_reliability
-    from .evaluation import eval_head
+    from .evaluation import eval_head, parse_limit
     from .modeling_eagle import EagleDraftModel
 
+    limit = parse_limit(args.limit, args.dataset.split(","))  # before loading anything: a typo fails at once
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     draft = EagleDraftModel.from_pretrained(args.draft)
     if args.full_vocab:
         draft.set_draft_vocab(None)
     tree = dict(tree=args.tree, tree_total_tokens=args.tree_total_tokens, tree_depth=args.tree_depth, tree_top_k=args.tree_top_k)
-    result = eval_head(model, tokenizer, draft, args.dataset.split(","), args.limit, args.max_new_tokens, tree,
+    result = eval_head(model, tokenizer, draft, args.dataset.split(","), limit, args.max_new_tokens, tree,
                        kernels=args.kernels)  # fmt: skip
     result["draft"] = args.draft
     result["draft_sha256"] = draft.weights_sha256
@@ -116,8 +117,10 @@ def cmd_eval_head(args) -> None:
 
 def cmd_bench(args) -> None:
     from .assets import load_model
-    from .bench import markdown, parse_limit, readme_section, run_bench, update_readme, write_outputs
+    from .bench import markdown, readme_section, run_bench, update_readme, write_outputs
+    from .evaluation import parse_limit
 
+    limit = parse_limit(args.limit, args.dataset.split(","))
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     draft, source = load_draft(args.draft, model)
@@ -135,7 +138,7 @@ def cmd_bench(args) -> None:
         return
     params = {"m": args.tree_total_tokens, "depth": args.tree_depth, "k": args.tree_top_k, "chain_depth": args.chain_depth}
     results = run_bench(
-        model, tokenizer, draft, datasets=args.dataset.split(","), limit=parse_limit(args.limit),
+        model, tokenizer, draft, datasets=args.dataset.split(","), limit=limit,
         **({"methods": args.methods.split(",")} if args.methods else {}),
         max_new_tokens=args.max_new_tokens, tree_params=params, threads=args.threads, second_turn=not args.first_turn_only,
         kernels=args.kernels,
@@ -290,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", required=True)
     p.add_argument("--dataset", default="mtbench,humaneval",
                    help="comma list of mtbench, humaneval, sharegpt (held-out first turns), builtin")
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--limit", default=None,
+                   help="prompts per dataset: N, or per name (mtbench=80,humaneval=40)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     _tree_args(p, total=60, depth=6, top_k=10)
     p.add_argument("--full-vocab", action="store_true", help="draft over the full vocabulary (ignore d2t)")

@@ -33,9 +33,30 @@ class Prompt:
     messages: list[dict]
 
 
-def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
-    """First-turn chat prompts of a dataset. HumanEval prompts are the problem's code, given as the user turn;
-    "sharegpt": `sharegpt_heldout_first_turns`."""
+def parse_limit(text: str | None, datasets: list[str] | None = None) -> int | dict[str, int] | None:
+    """`--limit` text: "5" (every dataset) or "mtbench=80,humaneval=40" (per dataset; a dataset not named is not
+    capped). A name not in `datasets` is refused: a misspelt one would leave its dataset uncapped."""
+    if text is None or not text.strip():
+        return None
+    if "=" not in text:
+        return int(text)
+    caps = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise ValueError(f"--limit takes N or name=N,name=N (e.g. mtbench=10,humaneval=20), got {text!r}")
+        caps[name.strip()] = int(value)
+    unknown = sorted(set(caps) - set(datasets)) if datasets is not None else []
+    if unknown:
+        raise ValueError(f"--limit names {', '.join(unknown)}, not among the datasets {', '.join(datasets)}")
+    return caps
+
+
+def load_prompts(dataset: str, limit: int | dict[str, int] | None = None) -> list[Prompt]:
+    """First-turn chat prompts of a dataset, the first `limit` of them (one cap, or a cap per dataset name).
+    HumanEval prompts are the problem's code, given as the user turn; "sharegpt": `sharegpt_heldout_first_turns`."""
+    if isinstance(limit, dict):
+        limit = limit.get(dataset)
     if dataset == "mtbench":
         items = [Prompt(f"mtbench-{q['question_id']}", [{"role": "user", "content": q["turns"][0]}]) for q in mtbench_questions()]
     elif dataset == "humaneval":
