@@ -142,6 +142,45 @@ def test_results_describe_one_set_of_weights(tmp_path):
     assert "dropped" not in assemble_results(str(tmp_path))  # said once, on the run that dropped them
 
 
+def test_card_of_a_head_trained_in_stages(tmp_path):
+    """A head trained from other heads (`train --init`) gets one row per stage, every stage's command, tokens
+    counted across stages (its row, the comparison, the curve), and a curve of like-for-like evaluations."""
+    stage = lambda n, tokens: RESULTS["training"] | {"tokens_seen": tokens, "command": f"hf-eagle2 train stage {n}"}
+    head = tmp_path / "head"
+    head.mkdir()
+    summary = stage(3, 500) | {"init_lineage": [stage(2, 300), stage(1, 200)], "tokens_seen_total": 1000}
+    (head / "training.json").write_text(json.dumps(summary))
+    snapshot = tmp_path / "run" / "snapshots" / "tokens_0000000100"
+    snapshot.mkdir(parents=True)
+    (snapshot / "training.json").write_text(json.dumps({"tokens_seen": 100, "tokens_seen_total": 600}))
+    bare = tmp_path / "old" / "snapshots" / "tokens_0000000050"  # written before snapshots had a training.json
+    bare.mkdir(parents=True)
+    curve = []
+    for i, folder in enumerate([snapshot, bare, head]):
+        ev = RESULTS["eval"] | {"draft": str(folder), "kernels": "fast"}
+        ev["datasets"] = {"mtbench": {"prompts": 10, "tau": 2.0 + i / 10}}
+        curve.append(tmp_path / f"curve{i}.json")
+        curve[-1].write_text(json.dumps(ev))
+    results = assemble_results(str(head), curve_jsons=[str(p) for p in curve])
+    assert [(c["tokens_seen"], c["tau_mtbench"]) for c in results["curve"]] == [(50, 2.1), (600, 2.0), (1000, 2.2)]
+    text = render_card(results)
+    assert "500 tokens seen over 3.00 epochs (1,000 with the earlier stages below)" in text
+    assert "6.00 h of training (all stages)" in text  # 3 stages x 7200 s
+    assert text.index("train stage 1") < text.index("train stage 2") < text.index("train stage 3")
+    assert "| 1 | " in text and "| 3 | " in text and "| 200 |" in text
+    assert "10 new tokens" not in text and "256 new tokens, fast CPU kernels; tokens seen include" in text
+    ev = json.loads(curve[0].read_text()) | {"kernels": "stock"}
+    curve[0].write_text(json.dumps(ev))
+    with pytest.raises(ValueError, match="other settings"):
+        assemble_results(str(head), curve_jsons=[str(p) for p in curve])
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps(RESULTS | {"training": summary}))
+    (tmp_path / "eval.json").write_text(json.dumps(RESULTS["eval"]))
+    results = assemble_results(str(head), eval_json=str(tmp_path / "eval.json"), compare={"other": str(other)})
+    assert results["comparison"][0]["tokens_seen"] == 1000
+
+
 def test_card_needs_front_matter():
     with pytest.raises(ValueError):
         parse_front_matter("# no metadata")

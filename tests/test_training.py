@@ -12,7 +12,8 @@ from hf_eagle2.evaluation import SHAREGPT_PROMPT_CHARS, eval_head, load_prompts
 from hf_eagle2.training.data import conversation_base, is_heldout, iter_json_array, iter_sharegpt, render_with_loss_mask, sharegpt_path
 from hf_eagle2.training.features import extract_features, iter_shards
 from hf_eagle2 import EagleDraftModel
-from hf_eagle2.training.train import FeatureSet, TrainConfig, Trainer, eagle_loss, select_draft_vocab
+from hf_eagle2.training.train import (FeatureSet, TrainConfig, Trainer, eagle_loss, init_lineage, select_draft_vocab,
+                                     total_tokens_seen)
 
 
 def test_truncated_json_reader_returns_complete_objects_only(tmp_path):
@@ -230,6 +231,36 @@ def test_init_starts_a_new_run_from_a_trained_head(smollm2, real_features, tmp_p
         Trainer(_config(tmp_path / "d", init=str(tmp_path / "head"), draft_vocab_size=1024), model, data=data)
     with pytest.raises(ValueError, match="EAGLE-1/2 head"):
         Trainer(_config(tmp_path / "e", init=str(tmp_path / "head"), head="eagle3"), model, data=data)
+
+
+def test_heads_trained_from_heads_carry_their_lineage(smollm2, real_features, tmp_path):
+    """A head trained with `init` records the runs behind it (nearest first) and the tokens they saw in all; its
+    snapshots count them too, so a τ-vs-tokens curve across stages is on one axis."""
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 256)
+    runs = []
+    for i, init in enumerate([None, "h0", "h1"]):
+        config = _config(tmp_path / f"run{i}", max_steps=2, init=str(tmp_path / init) if init else None,
+                         snapshot_every_tokens=1 if i == 1 else None)  # fmt: skip
+        trainer = Trainer(config, model, data=data, progress=False)
+        trainer.run(resume=False)
+        trainer.save_head(str(tmp_path / f"h{i}"), extra={"command": f"train {i}"})
+        runs.append(trainer.tokens_seen)
+    summary = json.loads((tmp_path / "h2" / "training.json").read_text())
+    assert [s["command"] for s in summary["init_lineage"]] == ["train 1", "train 0"]
+    assert [s["tokens_seen"] for s in summary["init_lineage"]] == runs[1::-1]
+    assert "init_lineage" not in summary["init_lineage"][0]  # each summary once, flat
+    assert summary["tokens_seen_total"] == total_tokens_seen(summary) == sum(runs)
+    assert "init_lineage" not in json.loads((tmp_path / "h0" / "training.json").read_text())  # no init: no lineage
+    snapshots = sorted((tmp_path / "run1" / "snapshots").iterdir())
+    first = json.loads((snapshots[0] / "training.json").read_text())
+    assert first["tokens_seen_total"] == runs[0] + first["tokens_seen"] and first["tokens_seen"] < runs[1]
+    assert EagleDraftModel.from_pretrained(str(snapshots[0])).draft_vocab_size == 2048  # still a loadable head
+    # a summary written before summaries carried their lineage is followed through its config's init
+    legacy = json.loads((tmp_path / "h1" / "training.json").read_text())
+    del legacy["init_lineage"], legacy["tokens_seen_total"]
+    (tmp_path / "h1" / "training.json").write_text(json.dumps(legacy))
+    assert [s["command"] for s in init_lineage(str(tmp_path / "h1"))] == ["train 1", "train 0"]
 
 
 def test_draft_vocabulary_selection():

@@ -95,6 +95,7 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     tree = ev.get("tree", {})
     eagle3 = is_eagle3(results)
     unroll = cfg.get("unroll") or 1
+    stages = [*reversed(train.get("init_lineage", [])), train]  # oldest first; one stage unless trained with --init
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", ""]
     lines += [
         f"# {name}",
@@ -139,7 +140,7 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     lines += [""]
     if results.get("comparison"):
         this = {"name": name, "tau": {ds: round_tau(r) for ds, r in datasets.items()},
-                "head_parameters": train.get("head_parameters"), "tokens_seen": train.get("tokens_seen")}  # fmt: skip
+                "head_parameters": train.get("head_parameters"), "tokens_seen": _total_tokens(train)}  # fmt: skip
         lines += _comparison_table([this, *results["comparison"]], list(datasets))
     lines += _depth_table(datasets)
     if commands.get("eval"):
@@ -166,9 +167,16 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     curve = results.get("curve") or []
     if curve:
         prompts = curve[0].get("prompts", "-")
+        at = results.get("curve_settings") or {"max_new_tokens": 256, "tree": {"tree_total_tokens": 60, "tree_depth": 6,
+                                                                              "tree_top_k": 10}}  # before it was recorded
+        ctree = at.get("tree") or {}
         lines += ["## τ against training tokens", "",
-                  f"Training snapshots, each evaluated on the first {prompts} MT-bench questions (greedy, m=60, depth 6, "
-                  "k=10, 256 new tokens):", "", "| tokens seen | τ (MT-bench) |", "|---:|---:|"]  # fmt: skip
+                  f"Training snapshots, each evaluated on the first {prompts} MT-bench questions (greedy, "
+                  f"m={ctree.get('tree_total_tokens')}, depth {ctree.get('tree_depth')}, k={ctree.get('tree_top_k')}, "
+                  f"{at.get('max_new_tokens')} new tokens{', fast CPU kernels' if at.get('kernels') == 'fast' else ''}"
+                  + ("; tokens seen include the earlier training stages'" if stages[:-1] else "")
+                  + "):", "", "| tokens seen | τ (MT-bench) |",
+                  "|---:|---:|"]  # fmt: skip
         lines += [f"| {c['tokens_seen']:,} | {_fmt(c['tau_mtbench'])} |" for c in curve]
         lines += ["", "![tau curve](tau_curve.png)", ""]
     lines += [
@@ -180,17 +188,25 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         "data (the head proposes only these; verification uses the full vocabulary).",
         f"- Data: {results.get('data_description', 'ShareGPT')}.",
         f"- Tokens: {train.get('train_tokens', 0):,} per epoch ({train.get('train_sequences', 0):,} sequences); "
-        f"{train.get('tokens_seen', 0):,} tokens seen over {_fmt(train.get('epochs'))} epochs.",
+        f"{train.get('tokens_seen', 0):,} tokens seen over {_fmt(train.get('epochs'))} epochs"
+        + (f" ({_total_tokens(train):,} with the earlier stages below)." if stages[:-1] else "."),
         f"- Loss: {_loss(eagle3, cfg, unroll)}",
-        f"- Optimiser: AdamW (lr {cfg.get('lr')}, warm-up {cfg.get('warmup_steps')} steps, cosine decay), gradient "
+        f"- Optimiser{' (last stage)' if stages[:-1] else ''}: AdamW (lr {cfg.get('lr')}, warm-up {cfg.get('warmup_steps')} steps, cosine decay), gradient "
         f"clip {cfg.get('grad_clip')}, {cfg.get('batch_tokens')} tokens per batch, seed {cfg.get('seed')}.",
-        f"- Wall time: {_fmt(train.get('train_seconds', 0) / 3600)} h of training on {results.get('hardware', 'CPU')}"
+        f"- Wall time: {_fmt(sum(st.get('train_seconds', 0) for st in stages) / 3600)} h of training"
+        f"{' (all stages)' if stages[:-1] else ''} on {results.get('hardware', 'CPU')}"
         f"{'; feature extraction ' + _fmt(results['extract_hours']) + ' h' if results.get('extract_hours') else ''}.",
     ]
     if results.get("training_note"):
         lines.append(f"- Note: {results['training_note']}")
     lines.append("")
-    if commands.get("train"):
+    if stages[:-1]:
+        lines += _stages_table(stages)
+    train_commands = [st["command"] for st in stages if st.get("command")]
+    if stages[:-1] and train_commands:
+        lines += ["Reproduce (the stages in order; each `--init` names the previous stage's head):", "", "```bash",
+                  *train_commands, "```", ""]  # fmt: skip
+    elif commands.get("train"):
         lines += ["Reproduce:", "", "```bash", commands["train"], "```", ""]
     lines += [
         "## Limitations",
@@ -242,6 +258,20 @@ def _depth_table(datasets: dict) -> list[str]:
     return lines + [""]
 
 
+def _stages_table(stages: list[dict]) -> list[str]:
+    """One row per training run behind the head, oldest first (`train --init` chains them)."""
+    lines = ["Training stages (each started from the previous stage's head):", "",
+             "| stage | data | tokens per epoch | epochs | tokens seen | lr | unroll (TTT passes) | autocast | hours |",
+             "|---:|---|---:|---:|---:|---:|---:|---|---:|"]  # fmt: skip
+    for i, st in enumerate(stages, 1):
+        cfg = st.get("config", {})
+        lines.append(f"| {i} | {', '.join(f'`{d}`' for d in cfg.get('data', []))} | {_count(st.get('train_tokens'))} | "
+                     f"{_fmt(st.get('epochs'))} | {_count(st.get('tokens_seen'))} | {cfg.get('lr')} | "
+                     f"{cfg.get('unroll') or 1} | {cfg.get('autocast') or 'fp32'} | "
+                     f"{_fmt(st.get('train_seconds', 0) / 3600)} |")  # fmt: skip
+    return lines + [""]
+
+
 def _comparison_table(rows: list[dict], datasets: list[str]) -> list[str]:
     lines = ["Side by side (same evaluation settings):", "",
              "| head | parameters | tokens seen | " + " | ".join(f"τ {ds}" for ds in datasets) + " |",
@@ -279,7 +309,7 @@ def comparison_row(name: str, head_folder: str, evaluation: dict) -> dict:
                          "head was (same eval-head command) before putting the two side by side")  # fmt: skip
     train = other.get("training", {})
     return {"name": name, "tau": {ds: round_tau(r) for ds, r in other.get("eval", {}).get("datasets", {}).items()},
-            "head_parameters": train.get("head_parameters"), "tokens_seen": train.get("tokens_seen")}  # fmt: skip
+            "head_parameters": train.get("head_parameters"), "tokens_seen": _total_tokens(train)}  # fmt: skip
 
 
 def assemble_results(folder: str, eval_json: str | None = None, bench_json: str | None = None,
@@ -330,13 +360,21 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
         results["speed"] = speed
         results.setdefault("commands", {})["bench"] = bench["meta"].get("command")
     if curve_jsons:
-        curve = []
+        curve, settings = [], None
         for path in curve_jsons:
             ev = load(path)
-            tokens = _tokens_seen(ev["draft"])
-            curve.append({"tokens_seen": tokens, "tau_mtbench": round_tau(ev["datasets"]["mtbench"]),
-                          "prompts": ev["datasets"]["mtbench"]["prompts"]})  # fmt: skip
+            if "mtbench" not in ev.get("datasets", {}):
+                raise ValueError(f"{path} has no MT-bench evaluation: the τ curve is τ on MT-bench")
+            these = {key: ev.get(key, unset) for key, unset in EVAL_SETTINGS.items()}
+            these["prompts"] = ev["datasets"]["mtbench"]["prompts"]
+            if settings is not None and these != settings:
+                raise ValueError(f"{path} was evaluated with other settings than {curve_jsons[0]} "
+                                 f"({these} vs {settings}): a curve compares like with like")  # fmt: skip
+            settings = these
+            curve.append({"tokens_seen": _tokens_seen(ev["draft"]), "tau_mtbench": round_tau(ev["datasets"]["mtbench"]),
+                          "prompts": these["prompts"]})  # fmt: skip
         results["curve"] = sorted(curve, key=lambda c: c["tokens_seen"])
+        results["curve_settings"] = settings
         plot_curve(results["curve"], os.path.join(folder, "tau_curve.png"))
     for key, value in (extra or {}).items():
         if key == "commands":
@@ -355,15 +393,21 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
 
 
 def _tokens_seen(head_folder: str) -> int:
-    """Training tokens behind a head: from a snapshot name (snapshots/tokens_<N>) or the folder's training.json."""
-    name = os.path.basename(head_folder.rstrip("/"))
-    if name.startswith("tokens_") and name[7:].isdigit():
-        return int(name[7:])
+    """Training tokens behind a head, its lineage's included (training.json's `tokens_seen_total`), else its own
+    run's (`tokens_seen`, or a snapshot's name: snapshots/tokens_<N>)."""
     summary = os.path.join(head_folder, "training.json")
     if os.path.exists(summary):
         with open(summary, encoding="utf-8") as f:
-            return int(json.load(f)["tokens_seen"])
+            return int(_total_tokens(json.load(f)))
+    name = os.path.basename(head_folder.rstrip("/"))
+    if name.startswith("tokens_") and name[7:].isdigit():
+        return int(name[7:])
     raise ValueError(f"cannot tell how many training tokens {head_folder} saw (no tokens_<N> name, no training.json)")
+
+
+def _total_tokens(train: dict) -> int | None:
+    """Tokens seen by a head's training run and the runs of the heads it started from (`train --init`)."""
+    return train.get("tokens_seen_total", train.get("tokens_seen"))
 
 
 def plot_curve(curve: list[dict], path: str) -> None:
@@ -375,7 +419,7 @@ def plot_curve(curve: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([c["tokens_seen"] for c in curve], [c["tau_mtbench"] for c in curve], "o-")
     ax.set_xlabel("training tokens seen")
-    ax.set_ylabel("τ on MT-bench (greedy, m=60, depth 6, k=10)")
+    ax.set_ylabel("τ on MT-bench (greedy)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

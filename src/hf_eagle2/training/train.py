@@ -451,12 +451,20 @@ class Trainer:
             if c.snapshot_every_tokens and self.tokens_seen // c.snapshot_every_tokens > (
                 self.tokens_seen - self.history[-1]["batch_tokens"]
             ) // c.snapshot_every_tokens:
-                self.head.save_pretrained(os.path.join(c.out, "snapshots", f"tokens_{self.tokens_seen:010d}"))
+                self.save_snapshot()
             if self.step % c.save_every == 0 or self.step == last:
                 self.save_checkpoint()
         bar.close()
         self.head.eval()
         return self.head
+
+    def save_snapshot(self) -> None:
+        """`out/snapshots/tokens_<N>`: the head now, with a small training.json (tokens seen by this run and by
+        the heads it started from), so a τ-vs-tokens curve counts all the training behind it."""
+        folder = os.path.join(self.config.out, "snapshots", f"tokens_{self.tokens_seen:010d}")
+        self.head.save_pretrained(folder)
+        with open(os.path.join(folder, "training.json"), "w") as f:
+            json.dump(snapshot_summary(self.tokens_seen, self.config.init), f, indent=2)
 
     def save_head(self, folder: str, extra: dict | None = None, dtype: torch.dtype | None = None) -> None:
         """The trained head (config + safetensors, optionally cast to `dtype` to keep the file small) and a
@@ -477,5 +485,37 @@ class Trainer:
             "final": self.history[-1] if self.history else {},
             **(extra or {}),
         }
+        ancestors = init_lineage(self.config.init)
+        if ancestors:
+            summary["init_lineage"] = ancestors
+            summary["tokens_seen_total"] = total_tokens_seen(summary)
         with open(os.path.join(folder, "training.json"), "w") as f:
             json.dump(summary, f, indent=2)
+
+
+def init_lineage(init: str | None) -> list[dict]:
+    """The training summaries of the heads a run started from, nearest first: `init`'s training.json (without
+    its own lineage), then its init's, and so on. The chain ends at a head with no local training.json (a Hub id,
+    an official checkpoint): what it saw is not known here."""
+    path = os.path.join(init, "training.json") if init else None
+    if not path or not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        summary = json.load(f)
+    ancestors = summary.pop("init_lineage", None)
+    summary.pop("tokens_seen_total", None)
+    if ancestors is None:  # written before summaries carried their lineage: follow its config's init
+        ancestors = init_lineage(summary.get("config", {}).get("init"))
+    return [summary, *ancestors]
+
+
+def total_tokens_seen(summary: dict) -> int:
+    """Tokens seen by a run and by every head in its lineage."""
+    return int(summary["tokens_seen"]) + sum(int(s["tokens_seen"]) for s in summary.get("init_lineage", []))
+
+
+def snapshot_summary(tokens_seen: int, init: str | None) -> dict:
+    """A snapshot's training.json: its run's tokens so far and the total with its lineage's."""
+    ancestors = init_lineage(init)
+    return {"tokens_seen": tokens_seen, "init": init,
+            "tokens_seen_total": tokens_seen + sum(int(s["tokens_seen"]) for s in ancestors)}  # fmt: skip
