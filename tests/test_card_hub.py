@@ -7,7 +7,8 @@ import yaml
 from conftest import tiny_model
 
 from hf_eagle2 import EagleDraftModel
-from hf_eagle2.card import acceptance_by_depth, assemble_results, parse_front_matter, render_card, write_card
+from hf_eagle2.card import (acceptance_by_depth, assemble_results, merge_evaluations, parse_front_matter, render_card,
+                            write_card)
 from hf_eagle2.head_formats import weights_sha256
 from hf_eagle2.hub import push_head_folder
 
@@ -179,6 +180,42 @@ def test_card_of_a_head_trained_in_stages(tmp_path):
     (tmp_path / "eval.json").write_text(json.dumps(RESULTS["eval"]))
     results = assemble_results(str(head), eval_json=str(tmp_path / "eval.json"), compare={"other": str(other)})
     assert results["comparison"][0]["tokens_seen"] == 1000
+
+
+def test_card_merges_one_heads_evaluations_of_different_datasets(tmp_path):
+    """MT-bench 80 and HumanEval 40 evaluated in two runs make one evaluation: datasets side by side, calibration
+    over all nodes (as if measured in one run), both commands; other weights, settings or a repeated dataset are
+    refused, and calibration.png is redrawn from what the card reports."""
+    import torch
+
+    from hf_eagle2.calibration import reliability
+
+    confidence, outcome = torch.rand(500, generator=torch.Generator().manual_seed(0)), torch.rand(500) < 0.5
+    whole = reliability(confidence, outcome).to_dict()
+    evals = []
+    for i, (ds, part) in enumerate([("mtbench", slice(0, 180)), ("humaneval", slice(180, 500))]):
+        rel = reliability(confidence[part], outcome[part]).to_dict()
+        ev = RESULTS["eval"] | {"draft_sha256": None, "command": f"eval {ds}", "datasets": {ds: {"prompts": 5, "tau": 3.0 + i}},
+                                "calibration": {"local": rel, "path": rel, "nodes": rel["total"]}}  # fmt: skip
+        evals.append(tmp_path / f"{ds}.json")
+        evals[-1].write_text(json.dumps(ev))
+    head = tmp_path / "head"
+    head.mkdir()
+    results = assemble_results(str(head), eval_json=[str(p) for p in evals])
+    merged = results["eval"]
+    assert list(merged["datasets"]) == ["mtbench", "humaneval"] and merged["command"] == "eval mtbench\neval humaneval"
+    assert merged["calibration"]["nodes"] == 500 and merged["calibration"]["local"]["count"] == whole["count"]
+    assert merged["calibration"]["path"]["ece"] == pytest.approx(whole["ece"], abs=1e-12)
+    assert merged["calibration"]["local"]["accepted"] == pytest.approx(whole["accepted"], abs=1e-12)
+    assert (head / "calibration.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="both measure mtbench"):
+        assemble_results(str(head), eval_json=[str(evals[0]), str(evals[0])])
+    other = json.loads(evals[1].read_text()) | {"max_new_tokens": 128}
+    evals[1].write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="differ in max_new_tokens"):
+        assemble_results(str(head), eval_json=[str(p) for p in evals])
+    with pytest.raises(ValueError, match="differ in draft_sha256"):  # (card also refuses it as not this head's)
+        merge_evaluations([json.loads(evals[0].read_text()), other | {"max_new_tokens": 256, "draft_sha256": "1" * 64}])
 
 
 def test_card_needs_front_matter():

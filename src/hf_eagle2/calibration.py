@@ -57,6 +57,27 @@ def merge_logs(logs: list[dict]) -> dict:
     return {k: torch.cat([log[k] for log in logs]) for k in keys}
 
 
+def merge_reliability(parts: list[dict]) -> dict:
+    """One `Reliability` dict from several over the same bins (per-bin sums are mean x count, so the merge is the
+    report of all their nodes together)."""
+    edges = parts[0]["edges"]
+    if any(p["edges"] != edges for p in parts):
+        raise ValueError("reliability reports with different bins cannot be merged")
+    count = [sum(p["count"][i] for p in parts) for i in range(len(edges) - 1)]
+    conf_sum = [sum(p["confidence"][i] * p["count"][i] for p in parts) for i in range(len(count))]
+    acc_sum = [sum(p["accepted"][i] * p["count"][i] for p in parts) for i in range(len(count))]
+    total = sum(count)
+    return Reliability(edges=edges, count=count, confidence=[c / max(n, 1) for c, n in zip(conf_sum, count)],
+                       accepted=[a / max(n, 1) for a, n in zip(acc_sum, count)],
+                       ece=sum(abs(a - c) for a, c in zip(acc_sum, conf_sum)) / max(total, 1), total=total).to_dict()
+
+
+def merge_reports(reports: list[dict]) -> dict:
+    """The calibration report of several evaluation runs' nodes together (`calibration_report` outputs)."""
+    return {"local": merge_reliability([r["local"] for r in reports]),
+            "path": merge_reliability([r["path"] for r in reports]), "nodes": sum(r["nodes"] for r in reports)}
+
+
 def calibration_report(log: dict, bins: int = 10) -> dict:
     local_sel = log["parent_valid"].bool()
     local = reliability(log["local_logp"][local_sel].exp(), log["correct"][local_sel].bool(), bins)

@@ -312,10 +312,36 @@ def comparison_row(name: str, head_folder: str, evaluation: dict) -> dict:
             "head_parameters": train.get("head_parameters"), "tokens_seen": _total_tokens(train)}  # fmt: skip
 
 
-def assemble_results(folder: str, eval_json: str | None = None, bench_json: str | None = None,
+def merge_evaluations(evaluations: list[dict]) -> dict:
+    """One evaluation from `eval-head` runs of the same weights and settings over different datasets (e.g. MT-bench
+    80 and HumanEval 40 run separately): datasets side by side, calibration over all their nodes, the commands in
+    order. An error when the weights, EVAL_SETTINGS or a dataset overlap."""
+    from .calibration import merge_reports
+
+    first = evaluations[0]
+    merged = dict(first, datasets={})
+    for ev in evaluations:
+        differ = [key for key, unset in EVAL_SETTINGS.items() if ev.get(key, unset) != first.get(key, unset)]
+        if ev.get("draft_sha256") != first.get("draft_sha256"):
+            differ.append("draft_sha256")
+        if differ:
+            raise ValueError(f"evaluations to merge differ in {', '.join(differ)}: they must be one head's, made alike")
+        repeated = set(ev["datasets"]) & set(merged["datasets"])
+        if repeated:
+            raise ValueError(f"evaluations to merge both measure {', '.join(sorted(repeated))}")
+        merged["datasets"] |= ev["datasets"]
+    reports = [ev["calibration"] for ev in evaluations if ev.get("calibration")]
+    if reports:
+        merged["calibration"] = merge_reports(reports)
+    merged["command"] = "\n".join(ev["command"] for ev in evaluations if ev.get("command"))
+    return merged
+
+
+def assemble_results(folder: str, eval_json: str | list[str] | None = None, bench_json: str | None = None,
                      curve_jsons: list[str] | None = None, extra: dict | None = None,
                      compare: dict[str, str] | None = None) -> dict:  # fmt: skip
-    """Builds `folder/results.json` from the measured outputs: the head's training.json, `eval-head --out`,
+    """Builds `folder/results.json` from the measured outputs: the head's training.json, `eval-head --out` (one
+    JSON, or several of the same head and settings: `merge_evaluations`; calibration.png is redrawn from it),
     `bench --out`, `eval-head` runs of training snapshots (the τ curve) and `compare` ({name: other head folder},
     rows of the side-by-side table after this head's own). Returns the dict."""
     def load(path):
@@ -340,10 +366,17 @@ def assemble_results(folder: str, eval_json: str | None = None, bench_json: str 
         if results["training"].get("command"):
             results.setdefault("commands", {})["train"] = results["training"]["command"]
     if eval_json:
-        ev = load(eval_json)
-        measured_here("eval-head --out", eval_json, ev.get("draft_sha256"))
+        paths = [eval_json] if isinstance(eval_json, str) else list(eval_json)
+        for path in paths:
+            measured_here("eval-head --out", path, load(path).get("draft_sha256"))
+        ev = merge_evaluations([load(path) for path in paths])
         results["eval"] = ev
         results.setdefault("commands", {})["eval"] = ev.get("command")
+        if ev.get("calibration"):  # the card's diagram is of the evaluation it reports
+            from .calibration import plot_reliability
+
+            plot_reliability(ev["calibration"], os.path.join(folder, "calibration.png"),
+                             title=f"{os.path.basename(os.path.abspath(folder))} ({','.join(ev['datasets'])})")
     if bench_json:
         bench = load(bench_json)
         if bench["meta"].get("draft") == "random":

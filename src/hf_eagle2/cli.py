@@ -332,7 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("card", help="generate a head folder's README.md model card from its results.json")
     p.add_argument("--head", required=True)
     p.add_argument("--results", default=None, help="results JSON (default HEAD/results.json)")
-    p.add_argument("--eval", default=None, help="eval-head --out JSON to record in results.json")
+    p.add_argument("--eval", nargs="+", default=None,
+                   help="eval-head --out JSON(s) to record in results.json (several: one head's evaluations of "
+                        "different datasets, made with the same settings)")
     p.add_argument("--bench", default=None, help="bench --out JSON to record in results.json")
     p.add_argument("--curve", nargs="*", default=None, help="eval-head JSONs of training snapshots (τ curve)")
     p.add_argument("--set", nargs="*", default=None, help="KEY=VALUE strings to record (hardware=..., ...)")
