@@ -92,5 +92,7 @@ def test_limit_per_dataset():
         parse_limit("mtbench=ten")
     with pytest.raises(ValueError, match="mtbnech"):  # a misspelt name would leave its dataset uncapped
         parse_limit("mtbnech=80", ["mtbench", "humaneval"])
+    with pytest.raises(ValueError, match="twice"):
+        parse_limit("mtbench=1,mtbench=2")
     caps = parse_limit("mtbench=3,humaneval=2", ["mtbench", "humaneval"])
     assert [len(load_prompts(ds, caps)) for ds in ("mtbench", "humaneval", "builtin")] == [3, 2, len(BUILTIN_PROMPTS)]

@@ -151,29 +151,42 @@ def test_card_of_a_head_trained_in_stages(tmp_path):
     head.mkdir()
     summary = stage(3, 500) | {"init_lineage": [stage(2, 300), stage(1, 200)], "tokens_seen_total": 1000}
     (head / "training.json").write_text(json.dumps(summary))
-    snapshot = tmp_path / "run" / "snapshots" / "tokens_0000000100"
+    first = tmp_path / "run1" / "head"  # stage 1's head: trained from scratch, its tokens are its total
+    first.mkdir(parents=True)
+    (first / "training.json").write_text(json.dumps(stage(1, 200)))
+    snapshot = tmp_path / "run3" / "snapshots" / "tokens_0000000100"
     snapshot.mkdir(parents=True)
     (snapshot / "training.json").write_text(json.dumps({"tokens_seen": 100, "tokens_seen_total": 600}))
-    bare = tmp_path / "old" / "snapshots" / "tokens_0000000050"  # written before snapshots had a training.json
-    bare.mkdir(parents=True)
     curve = []
-    for i, folder in enumerate([snapshot, bare, head]):
+    for i, folder in enumerate([snapshot, first, head]):
         ev = RESULTS["eval"] | {"draft": str(folder), "kernels": "fast"}
         ev["datasets"] = {"mtbench": {"prompts": 10, "tau": 2.0 + i / 10}}
         curve.append(tmp_path / f"curve{i}.json")
         curve[-1].write_text(json.dumps(ev))
     results = assemble_results(str(head), curve_jsons=[str(p) for p in curve])
-    assert [(c["tokens_seen"], c["tau_mtbench"]) for c in results["curve"]] == [(50, 2.1), (600, 2.0), (1000, 2.2)]
+    assert [(c["tokens_seen"], c["tau_mtbench"]) for c in results["curve"]] == [(200, 2.1), (600, 2.0), (1000, 2.2)]
     text = render_card(results)
     assert "500 tokens seen over 3.00 epochs (1,000 with the earlier stages below)" in text
     assert "6.00 h of training (all stages)" in text  # 3 stages x 7200 s
     assert text.index("train stage 1") < text.index("train stage 2") < text.index("train stage 3")
-    assert "| 1 | " in text and "| 3 | " in text and "| 200 |" in text
+    assert "each `--init` names the previous stage's head" in text and "| 3 | " in text and "| 200 |" in text
     assert "10 new tokens" not in text and "256 new tokens, fast CPU kernels; tokens seen include" in text
+    assert "Started from" not in text  # stage 1 started from scratch
     ev = json.loads(curve[0].read_text()) | {"kernels": "stock"}
     curve[0].write_text(json.dumps(ev))
     with pytest.raises(ValueError, match="other settings"):
         assemble_results(str(head), curve_jsons=[str(p) for p in curve])
+    bare = tmp_path / "run2" / "snapshots" / "tokens_0000000050"  # no training.json: its name counts one run only
+    bare.mkdir(parents=True)
+    curve[0].write_text(json.dumps(ev | {"kernels": "fast", "draft": str(bare)}))
+    with pytest.raises(ValueError, match="counts only its own run"):
+        assemble_results(str(head), curve_jsons=[str(p) for p in curve])
+    # a lineage ending at a head with unknown training says so; stages without a command are named
+    started = stage(1, 200) | {"config": RESULTS["training"]["config"] | {"init": "someone/official-head"}}
+    del started["command"]
+    text = render_card(RESULTS | {"training": summary | {"init_lineage": [stage(2, 300), started]}})
+    assert "Started from `someone/official-head`, a head whose training is not recorded here" in text
+    assert "Commands of the stages (stage 1: not recorded)" in text and "each `--init` names" not in text
     other = tmp_path / "other"
     other.mkdir()
     (other / "results.json").write_text(json.dumps(RESULTS | {"training": summary}))
@@ -214,8 +227,16 @@ def test_card_merges_one_heads_evaluations_of_different_datasets(tmp_path):
     evals[1].write_text(json.dumps(other))
     with pytest.raises(ValueError, match="differ in max_new_tokens"):
         assemble_results(str(head), eval_json=[str(p) for p in evals])
+    fixed = other | {"max_new_tokens": 256}
+    partial = json.loads(evals[0].read_text())
+    del partial["calibration"]  # calibration of one dataset only would read as the whole evaluation's
+    assert "calibration" not in merge_evaluations([partial, fixed])
+    legacy = json.loads(evals[0].read_text()) | {"draft": "a"}  # recorded before eval-head stored digests
+    assert merge_evaluations([legacy, fixed | {"draft": "a", "draft_sha256": "1" * 64}])
+    with pytest.raises(ValueError, match="differ in draft"):
+        merge_evaluations([legacy, fixed | {"draft": "b"}])
     with pytest.raises(ValueError, match="differ in draft_sha256"):  # (card also refuses it as not this head's)
-        merge_evaluations([json.loads(evals[0].read_text()), other | {"max_new_tokens": 256, "draft_sha256": "1" * 64}])
+        merge_evaluations([json.loads(evals[0].read_text()) | {"draft_sha256": "0" * 64}, fixed | {"draft_sha256": "1" * 64}])
 
 
 def test_card_needs_front_matter():

@@ -261,6 +261,27 @@ def test_heads_trained_from_heads_carry_their_lineage(smollm2, real_features, tm
     del legacy["init_lineage"], legacy["tokens_seen_total"]
     (tmp_path / "h1" / "training.json").write_text(json.dumps(legacy))
     assert [s["command"] for s in init_lineage(str(tmp_path / "h1"))] == ["train 1", "train 0"]
+    # ... and one naming itself (retrained in place) ends the chain instead of recursing
+    (tmp_path / "h0" / "training.json").write_text(json.dumps(
+        json.loads((tmp_path / "h0" / "training.json").read_text()) | {"config": {"init": str(tmp_path / "h0")}}))
+    assert [s["command"] for s in init_lineage(str(tmp_path / "h0"))] == ["train 0"]
+    # a run saving over its own init records the head it started from, not itself, however often it saves
+    again = Trainer(_config(tmp_path / "run3", max_steps=1, init=str(tmp_path / "h2")), model, data=data, progress=False)
+    again.run(resume=False)
+    for _ in range(2):
+        again.save_head(str(tmp_path / "h2"), extra={"command": "train 3"})
+    in_place = json.loads((tmp_path / "h2" / "training.json").read_text())
+    assert [s["command"] for s in in_place["init_lineage"]] == ["train 2", "train 1", "train 0"]
+    # a snapshot as init keeps the stages behind it; a head with no training.json starts an empty lineage
+    from_snapshot = Trainer(_config(tmp_path / "run4", max_steps=1, init=str(snapshots[0])), model, data=data,
+                            progress=False)  # fmt: skip
+    assert [s.get("snapshot", False) for s in from_snapshot.lineage] == [True, False]
+    EagleDraftModel.from_pretrained(str(tmp_path / "h0")).save_pretrained(str(tmp_path / "bare"))
+    bare = Trainer(_config(tmp_path / "run5", max_steps=1, init=str(tmp_path / "bare")), model, data=data, progress=False)
+    bare.run(resume=False)
+    bare.save_head(str(tmp_path / "h5"))
+    summary = json.loads((tmp_path / "h5" / "training.json").read_text())
+    assert summary["init_lineage"] == [] and summary["tokens_seen_total"] == bare.tokens_seen
 
 
 def test_draft_vocabulary_selection():

@@ -1,12 +1,14 @@
 """Hub model cards for draft heads, generated from the measured results JSON (never written by hand).
 
-`results.json` (written by `hf-eagle2 eval-head --out` and completed by the training run) holds:
+`results.json` (written by `hf-eagle2 card` from the head's training.json and the measurements it is given) holds:
 
     {"base_model": ..., "hub_name": ..., "hardware": ...,
-     "training": {...training.json...},
-     "eval": {...eval_head() output, incl. calibration...},
+     "training": {...training.json...}  (with "init_lineage", the runs it started from, and "tokens_seen_total"
+                                         for a head trained with `train --init`: one card row per stage),
+     "eval": {...eval_head() output, incl. calibration...}  (or several merged: `merge_evaluations`),
      "speed": {"mtbench": {"speedup": ..., ...}, ...}        (optional, from `hf-eagle2 bench`)
-     "curve": [{"tokens_seen": ..., "tau_mtbench": ...}, ...] (optional)
+     "curve": [{"tokens_seen": ..., "tau_mtbench": ..., "prompts": ...}, ...] (optional; tokens of all stages)
+     "curve_settings": {...the curve evaluations' EVAL_SETTINGS and prompts...}
      "comparison": [{"name": ..., "tau": {dataset: τ}, "head_parameters": ..., "tokens_seen": ...}, ...] (optional:
                    other heads, evaluated with this head's settings; this head's row is drawn from "eval")
      "commands": {"train": ..., "eval": ..., "bench": ..., "card": ...},
@@ -153,7 +155,7 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
             "",
             "EAGLE-2 ranks draft nodes by V_i, the product of draft confidences along the path, as an estimate of "
             "the probability that the target accepts the path. Measured over every drafted node of the evaluation "
-            f"run ({calib['nodes']} nodes):",
+            f"above ({calib['nodes']} nodes):",
             "",
             f"- expected calibration error of the node confidence: **{calib['local']['ece']:.4f}**",
             f"- expected calibration error of the path value V_i: **{calib['path']['ece']:.4f}**",
@@ -190,22 +192,30 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         f"- Tokens: {train.get('train_tokens', 0):,} per epoch ({train.get('train_sequences', 0):,} sequences); "
         f"{train.get('tokens_seen', 0):,} tokens seen over {_fmt(train.get('epochs'))} epochs"
         + (f" ({_total_tokens(train):,} with the earlier stages below)." if stages[:-1] else "."),
-        f"- Loss: {_loss(eagle3, cfg, unroll)}",
+        f"- Loss{' (last stage)' if stages[:-1] else ''}: {_loss(eagle3, cfg, unroll)}",
         f"- Optimiser{' (last stage)' if stages[:-1] else ''}: AdamW (lr {cfg.get('lr')}, warm-up {cfg.get('warmup_steps')} steps, cosine decay), gradient "
         f"clip {cfg.get('grad_clip')}, {cfg.get('batch_tokens')} tokens per batch, seed {cfg.get('seed')}.",
         f"- Wall time: {_fmt(sum(st.get('train_seconds', 0) for st in stages) / 3600)} h of training"
         f"{' (all stages)' if stages[:-1] else ''} on {results.get('hardware', 'CPU')}"
         f"{'; feature extraction ' + _fmt(results['extract_hours']) + ' h' if results.get('extract_hours') else ''}.",
     ]
+    first_init = stages[0].get("config", {}).get("init")
+    if first_init:
+        lines.append(f"- Started from `{first_init}`, a head whose training is not recorded here: its tokens and "
+                     "hours are not counted above.")  # fmt: skip
     if results.get("training_note"):
         lines.append(f"- Note: {results['training_note']}")
     lines.append("")
     if stages[:-1]:
         lines += _stages_table(stages)
-    train_commands = [st["command"] for st in stages if st.get("command")]
-    if stages[:-1] and train_commands:
+    train_commands = [st.get("command") for st in stages]
+    if stages[:-1] and all(train_commands):
         lines += ["Reproduce (the stages in order; each `--init` names the previous stage's head):", "", "```bash",
                   *train_commands, "```", ""]  # fmt: skip
+    elif stages[:-1] and any(train_commands):
+        missing = ", ".join(str(i) for i, c in enumerate(train_commands, 1) if not c)
+        lines += [f"Commands of the stages (stage {missing}: not recorded):", "", "```bash",
+                  *[c for c in train_commands if c], "```", ""]  # fmt: skip
     elif commands.get("train"):
         lines += ["Reproduce:", "", "```bash", commands["train"], "```", ""]
     lines += [
@@ -322,16 +332,18 @@ def merge_evaluations(evaluations: list[dict]) -> dict:
     merged = dict(first, datasets={})
     for ev in evaluations:
         differ = [key for key, unset in EVAL_SETTINGS.items() if ev.get(key, unset) != first.get(key, unset)]
-        if ev.get("draft_sha256") != first.get("draft_sha256"):
-            differ.append("draft_sha256")
+        digests = (ev.get("draft_sha256"), first.get("draft_sha256"))
+        if (digests[0] != digests[1]) if None not in digests else ev.get("draft") != first.get("draft"):
+            differ.append("draft_sha256" if None not in digests else "draft")
         if differ:
             raise ValueError(f"evaluations to merge differ in {', '.join(differ)}: they must be one head's, made alike")
         repeated = set(ev["datasets"]) & set(merged["datasets"])
         if repeated:
             raise ValueError(f"evaluations to merge both measure {', '.join(sorted(repeated))}")
         merged["datasets"] |= ev["datasets"]
-    reports = [ev["calibration"] for ev in evaluations if ev.get("calibration")]
-    if reports:
+    reports = [ev.get("calibration") for ev in evaluations]
+    merged.pop("calibration", None)
+    if all(reports):  # a report over some of the datasets would be read as one over all of them
         merged["calibration"] = merge_reports(reports)
     merged["command"] = "\n".join(ev["command"] for ev in evaluations if ev.get("command"))
     return merged
@@ -404,7 +416,11 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
                 raise ValueError(f"{path} was evaluated with other settings than {curve_jsons[0]} "
                                  f"({these} vs {settings}): a curve compares like with like")  # fmt: skip
             settings = these
-            curve.append({"tokens_seen": _tokens_seen(ev["draft"]), "tau_mtbench": round_tau(ev["datasets"]["mtbench"]),
+            tokens, total = _tokens_seen(ev["draft"])
+            if not total and results.get("training", {}).get("init_lineage"):
+                raise ValueError(f"{ev['draft']} ({path}) has no training.json: its tokens_<N> counts only its own "
+                                 "run's tokens, but this head's curve counts every training stage's")  # fmt: skip
+            curve.append({"tokens_seen": tokens, "tau_mtbench": round_tau(ev["datasets"]["mtbench"]),
                           "prompts": these["prompts"]})  # fmt: skip
         results["curve"] = sorted(curve, key=lambda c: c["tokens_seen"])
         results["curve_settings"] = settings
@@ -425,16 +441,18 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
     return results
 
 
-def _tokens_seen(head_folder: str) -> int:
-    """Training tokens behind a head, its lineage's included (training.json's `tokens_seen_total`), else its own
-    run's (`tokens_seen`, or a snapshot's name: snapshots/tokens_<N>)."""
+def _tokens_seen(head_folder: str) -> tuple[int, bool]:
+    """Training tokens behind a head and whether they are known to include its lineage's: training.json's
+    `tokens_seen_total` (True) or `tokens_seen` (a head not trained from another: True), else a snapshot's name,
+    snapshots/tokens_<N> (its own run's tokens only: False)."""
     summary = os.path.join(head_folder, "training.json")
     if os.path.exists(summary):
         with open(summary, encoding="utf-8") as f:
-            return int(_total_tokens(json.load(f)))
+            train = json.load(f)
+        return int(_total_tokens(train)), "tokens_seen_total" in train or not train.get("config", {}).get("init")
     name = os.path.basename(head_folder.rstrip("/"))
     if name.startswith("tokens_") and name[7:].isdigit():
-        return int(name[7:])
+        return int(name[7:]), False
     raise ValueError(f"cannot tell how many training tokens {head_folder} saw (no tokens_<N> name, no training.json)")
 
 

@@ -45,6 +45,8 @@ def parse_limit(text: str | None, datasets: list[str] | None = None) -> int | di
         name, sep, value = item.partition("=")
         if not sep or not value.strip().isdigit():
             raise ValueError(f"--limit takes N or name=N,name=N (e.g. mtbench=10,humaneval=20), got {text!r}")
+        if name.strip() in caps:
+            raise ValueError(f"--limit names {name.strip()} twice: {text!r}")
         caps[name.strip()] = int(value)
     unknown = sorted(set(caps) - set(datasets)) if datasets is not None else []
     if unknown:

@@ -318,6 +318,8 @@ class Trainer:
         self.tokens_seen = 0
         self.elapsed = 0.0
         self.history: list[dict] = []
+        # read at the start (a run saving its head over its own init must not find itself), kept in checkpoints
+        self.lineage = init_lineage(config.init) if config.init else None
 
     def _initial_head(self, target_model, vocab: int) -> EagleDraftModel:
         """The head named by `config.init`, checked against the run's head kind and draft vocabulary size."""
@@ -366,6 +368,7 @@ class Trainer:
             "history": self.history,
             "config": asdict(self.config),
             "run": self._run_identity(),
+            "lineage": self.lineage,
         }
         tmp = self.state_path + ".tmp"
         torch.save(state, tmp)
@@ -389,6 +392,8 @@ class Trainer:
         self.tokens_seen = state["tokens_seen"]
         self.elapsed = state["elapsed"]
         self.history = state["history"]
+        if "lineage" in state:  # checkpoints from before it was kept: the lineage read at this start
+            self.lineage = state["lineage"]
         return True
 
     @torch.no_grad()
@@ -458,13 +463,22 @@ class Trainer:
         self.head.eval()
         return self.head
 
+    def _summary_lineage(self, summary: dict) -> dict:
+        """`summary` with the run's lineage and total tokens (a run from a head; an empty lineage says that head's
+        training is not known here, which a card states)."""
+        if self.lineage is None:
+            return summary
+        summary = summary | {"init_lineage": self.lineage}
+        return summary | {"tokens_seen_total": total_tokens_seen(summary)}
+
     def save_snapshot(self) -> None:
         """`out/snapshots/tokens_<N>`: the head now, with a small training.json (tokens seen by this run and by
         the heads it started from), so a τ-vs-tokens curve counts all the training behind it."""
         folder = os.path.join(self.config.out, "snapshots", f"tokens_{self.tokens_seen:010d}")
         self.head.save_pretrained(folder)
         with open(os.path.join(folder, "training.json"), "w") as f:
-            json.dump(snapshot_summary(self.tokens_seen, self.config.init), f, indent=2)
+            json.dump(self._summary_lineage({"snapshot": True, "config": asdict(self.config),
+                                             "tokens_seen": self.tokens_seen}), f, indent=2)  # fmt: skip
 
     def save_head(self, folder: str, extra: dict | None = None, dtype: torch.dtype | None = None) -> None:
         """The trained head (config + safetensors, optionally cast to `dtype` to keep the file small) and a
@@ -485,37 +499,28 @@ class Trainer:
             "final": self.history[-1] if self.history else {},
             **(extra or {}),
         }
-        ancestors = init_lineage(self.config.init)
-        if ancestors:
-            summary["init_lineage"] = ancestors
-            summary["tokens_seen_total"] = total_tokens_seen(summary)
+        summary = self._summary_lineage(summary)
         with open(os.path.join(folder, "training.json"), "w") as f:
             json.dump(summary, f, indent=2)
 
 
-def init_lineage(init: str | None) -> list[dict]:
-    """The training summaries of the heads a run started from, nearest first: `init`'s training.json (without
-    its own lineage), then its init's, and so on. The chain ends at a head with no local training.json (a Hub id,
-    an official checkpoint): what it saw is not known here."""
+def init_lineage(init: str | None, _seen: frozenset = frozenset()) -> list[dict]:
+    """The training summaries of the heads a run starts from, nearest first: `init`'s training.json (without its
+    own lineage), then its init's, and so on. The chain ends at a head with no local training.json (a Hub id, an
+    official checkpoint: what it saw is not known here) or at a folder already visited (a head retrained in
+    place names itself as its init)."""
     path = os.path.join(init, "training.json") if init else None
-    if not path or not os.path.isfile(path):
+    if not path or not os.path.isfile(path) or os.path.realpath(init) in _seen:
         return []
     with open(path, encoding="utf-8") as f:
         summary = json.load(f)
     ancestors = summary.pop("init_lineage", None)
     summary.pop("tokens_seen_total", None)
-    if ancestors is None:  # written before summaries carried their lineage: follow its config's init
-        ancestors = init_lineage(summary.get("config", {}).get("init"))
+    if ancestors is None:  # written before summaries carried their lineage: follow the init it names
+        ancestors = init_lineage(summary.get("config", {}).get("init"), _seen | {os.path.realpath(init)})
     return [summary, *ancestors]
 
 
 def total_tokens_seen(summary: dict) -> int:
     """Tokens seen by a run and by every head in its lineage."""
     return int(summary["tokens_seen"]) + sum(int(s["tokens_seen"]) for s in summary.get("init_lineage", []))
-
-
-def snapshot_summary(tokens_seen: int, init: str | None) -> dict:
-    """A snapshot's training.json: its run's tokens so far and the total with its lineage's."""
-    ancestors = init_lineage(init)
-    return {"tokens_seen": tokens_seen, "init": init,
-            "tokens_seen_total": tokens_seen + sum(int(s["tokens_seen"]) for s in ancestors)}  # fmt: skip
