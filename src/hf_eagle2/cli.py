@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 
 
@@ -79,7 +80,7 @@ def cmd_train(args) -> None:
 
     trainer.head.config.target_model = HUB_NAMES.get(args.model, trainer.head.config.target_model)
     trainer.save_head(head_dir, dtype=resolve_dtype(args.head_dtype) if args.head_dtype else None,
-                      extra={"command": "hf-eagle2 train " + " ".join(sys.argv[2:])})  # fmt: skip
+                      extra={"command": "hf-eagle2 train " + shlex.join(sys.argv[2:])})  # fmt: skip
     print(json.dumps(trainer.history[-1], indent=2))
     print(f"head saved to {head_dir}")
 
@@ -145,7 +146,7 @@ def cmd_bench(args) -> None:
     )  # fmt: skip
     results["meta"].update(model=args.model, draft=source if source == args.draft else "random",
                            draft_sha256=getattr(draft, "weights_sha256", None),
-                           dtype=args.dtype, command="hf-eagle2 bench " + " ".join(sys.argv[2:]))  # fmt: skip
+                           dtype=args.dtype, command="hf-eagle2 bench " + shlex.join(sys.argv[2:]))  # fmt: skip
     write_outputs(results, args.out)
     if args.readme:
         update_readme(args.readme, readme_section(results))
@@ -160,7 +161,7 @@ def cmd_card(args) -> None:
     from .card import assemble_results, write_card
 
     extra = {key: _json_or_text(value) for key, value in (item.split("=", 1) for item in args.set or [])}
-    extra["commands"] = {"card": "hf-eagle2 card " + " ".join(sys.argv[2:])}
+    extra["commands"] = {"card": "hf-eagle2 card " + shlex.join(sys.argv[2:])}
     if any("=" not in item for item in args.compare or []):
         raise SystemExit("hf-eagle2 card: --compare takes NAME=FOLDER entries")
     compare = dict(item.split("=", 1) for item in args.compare or [])
