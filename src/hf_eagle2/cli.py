@@ -103,7 +103,7 @@ def cmd_eval_head(args) -> None:
     result["draft"] = args.draft
     result["draft_sha256"] = draft.weights_sha256
     result["full_vocab"] = args.full_vocab  # the same weights over another vocabulary: a setting card compares
-    result["command"] = "hf-eagle2 " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("hf-eagle2") else None
+    result["command"] = "hf-eagle2 " + shlex.join(sys.argv[1:]) if sys.argv[0].endswith("hf-eagle2") else None
     for ds, r in result["datasets"].items():
         print(f"{ds}: tau={r['tau']:.3f} new_tokens={r['new_tokens']} target_forwards={r['target_forwards']}")
     if "calibration" in result:
