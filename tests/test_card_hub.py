@@ -181,6 +181,11 @@ def test_card_of_a_head_trained_in_stages(tmp_path):
     curve[0].write_text(json.dumps(ev | {"kernels": "fast", "draft": str(bare)}))
     with pytest.raises(ValueError, match="counts only its own run"):
         assemble_results(str(head), curve_jsons=[str(p) for p in curve])
+    EagleDraftModel.from_target(tiny_model("llama"), seed=0).save_pretrained(bare)  # weights the eval did not see
+    (bare / "training.json").write_text(json.dumps({"tokens_seen": 50, "tokens_seen_total": 250}))
+    curve[0].write_text(json.dumps(json.loads(curve[0].read_text()) | {"draft_sha256": "0" * 64}))
+    with pytest.raises(ValueError, match="holds other weights than"):
+        assemble_results(str(head), curve_jsons=[str(p) for p in curve])
     # a lineage ending at a head with unknown training says so; stages without a command are named
     started = stage(1, 200) | {"config": RESULTS["training"]["config"] | {"init": "someone/official-head"}}
     del started["command"]

@@ -416,6 +416,10 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
                 raise ValueError(f"{path} was evaluated with other settings than {curve_jsons[0]} "
                                  f"({these} vs {settings}): a curve compares like with like")  # fmt: skip
             settings = these
+            now = weights_sha256(ev["draft"]) if os.path.isdir(ev["draft"]) else None
+            if None not in (now, ev.get("draft_sha256")) and now != ev["draft_sha256"]:
+                raise ValueError(f"{ev['draft']} holds other weights than {path} evaluated (retrained or replaced "
+                                 "since): its training.json would put that evaluation at the wrong tokens")  # fmt: skip
             tokens, total = _tokens_seen(ev["draft"])
             if not total and results.get("training", {}).get("init_lineage"):
                 raise ValueError(f"{ev['draft']} ({path}) has no training.json: its tokens_<N> counts only its own "
