@@ -122,6 +122,23 @@ def test_a_tiny_eagle3_head_learns_and_stays_lossless(target, tmp_path):
         Trainer(config, target, data=data, progress=False)
 
 
+def test_a_new_eagle3_head_starts_from_the_targets_lm_head(target, tmp_path):
+    data = tiny_features(target, n=4, new=6)
+    config = TrainConfig(data=[], out=str(tmp_path), head="eagle3", draft_vocab_size=24, max_steps=1)
+    assert config.lm_head_init == "target"
+    trainer = Trainer(config, target, data=data, progress=False)
+    rows = trainer.head.to_target_ids(torch.arange(24))
+    torch.testing.assert_close(trainer.head.lm_head.weight, target.get_output_embeddings().weight[rows].float())
+    fresh = Trainer(TrainConfig(data=[], out=str(tmp_path), head="eagle3", draft_vocab_size=24, lm_head_init="random"),
+                    target, data=data, progress=False)  # fmt: skip
+    assert not torch.allclose(fresh.head.lm_head.weight, trainer.head.lm_head.weight)
+    with pytest.raises(ValueError, match="EAGLE-1/2 head scores with the target's own lm_head"):
+        TrainConfig(data=[], out=str(tmp_path), lm_head_init="target")
+    with pytest.raises(ValueError, match="keeps that head's lm_head"):
+        TrainConfig(data=[], out=str(tmp_path), head="eagle3", init="some/head", lm_head_init="random")
+    assert TrainConfig(data=[], out=str(tmp_path), head="eagle3", init="some/head").lm_head_init is None
+
+
 def test_eagle3_training_needs_aux_features(target, tmp_path):
     data = tiny_features(target, n=4, new=6)
     data.aux = None

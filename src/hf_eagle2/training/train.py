@@ -78,19 +78,31 @@ class TrainConfig:
         if eagle3 and self.unroll < 2:
             raise ValueError("an EAGLE-3 head needs unroll >= 2: without training-time test it never sees its own "
                              "outputs, which it is fed from depth 2 on (the official recipe unrolls 7)")  # fmt: skip
+        if self.lm_head_init is not None and not eagle3:
+            raise ValueError("lm_head_init is for EAGLE-3 heads: an EAGLE-1/2 head scores with the target's own "
+                             "lm_head, it has none to initialise")  # fmt: skip
+        if self.lm_head_init is not None and self.init:
+            raise ValueError(f"lm_head_init={self.lm_head_init!r} and init={self.init!r}: a run started from a "
+                             "trained head keeps that head's lm_head")  # fmt: skip
+        if self.lm_head_init is None and eagle3 and not self.init:
+            self.lm_head_init = "target"
+        if self.lm_head_init not in (None, "target", "random"):
+            raise ValueError(f"lm_head_init must be 'target' or 'random', got {self.lm_head_init!r}")
     snapshot_every_tokens: int | None = None  # also keep head snapshots (for τ-vs-tokens curves)
     threads: int | None = None
     autocast: str | None = None  # "bfloat16": the training step's matmuls in bf16 (fp32 weights, optimizer,
     # soft labels and evaluation); on this 2-core Xeon (AMX) 1.78x the tokens/s of an EAGLE-2 step, 1.54x of EAGLE-3
     init: str | None = None  # a head (folder or Hub id) to start from instead of a random one; its draft
     # vocabulary is kept, so draft_vocab_size must match it
+    lm_head_init: str | None = None  # a new EAGLE-3 head's own lm_head: "target" (default) starts it as the
+    # target's lm_head rows of the draft vocabulary, "random" as a fresh Linear (see Trainer)
 
 
 # the settings that shape a run: a checkpoint resumes only with the same ones (the others, e.g. max_steps or
 # save_every, may change between sessions)
 RUN_FIELDS = ("data", "head", "init", "draft_vocab_size", "epochs", "lr", "min_lr_ratio", "warmup_steps",
               "batch_tokens", "max_seq_len", "grad_clip", "weight_decay", "ce_weight", "noise_std", "seed", "unroll",
-              "autocast")  # fmt: skip
+              "autocast", "lm_head_init")  # fmt: skip
 
 
 @dataclass
@@ -308,6 +320,11 @@ class Trainer:
         # the target's lm_head rows of the draft vocabulary: its next-token distribution, the soft labels
         draft_ids = self.head.to_target_ids(torch.arange(self.head.draft_vocab_size))
         self.lm_weight = target_model.get_output_embeddings().weight.detach()[draft_ids].float()
+        if config.lm_head_init == "target" and not config.init:
+            # the head's output then starts in the space the target's lm_head reads (its norm is learnt): the
+            # 4.7M-parameter lm_head of a SmolLM2 head need not be learnt from noise on a CPU budget
+            with torch.no_grad():
+                self.head.lm_head.weight.copy_(self.lm_weight)
         self.soft_label_digest = hashlib.sha1(self.lm_weight.cpu().numpy().tobytes()).hexdigest()  # fixed for the run
         self.head.train()
         params = [p for p in self.head.parameters() if p.requires_grad]
