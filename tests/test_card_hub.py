@@ -113,6 +113,12 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     ev["full_vocab"] = False
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     assert assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
+    # the rows the old head's own card compares with come along, named after it
+    older = RESULTS | {"comparison": [{"name": "stage 1", "tau": {"mtbench": 2.5}, "head_parameters": 7, "tokens_seen": 8}]}
+    (old / "results.json").write_text(json.dumps(older))
+    results = assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
+    assert [r["name"] for r in results["comparison"]] == ["old head", "old head: stage 1"]
+    assert "| old head: stage 1 | 7 | 8 | 2.50 | - |" in render_card(results)
 
 
 def test_results_describe_one_set_of_weights(tmp_path):

@@ -305,9 +305,12 @@ def round_tau(r: dict) -> float | None:
 EVAL_SETTINGS = {"max_new_tokens": None, "tree": None, "kernels": "stock", "full_vocab": False}
 
 
-def comparison_row(name: str, head_folder: str, evaluation: dict) -> dict:
-    """A side-by-side row from another head folder's results.json (its evaluation and training summary); an
-    error unless it was evaluated as `evaluation` was (EVAL_SETTINGS and the prompts per dataset)."""
+def comparison_rows(name: str, head_folder: str, evaluation: dict) -> list[dict]:
+    """Side-by-side rows from another head folder's results.json: its own (its evaluation and training summary),
+    then the rows its own card compares with, named "NAME: theirs" (they were checked against its evaluation when
+    its card was made, and it is checked against `evaluation` here, so they were measured alike: a new head's card
+    can sit beside every earlier head without re-evaluating heads whose folders are gone). An error unless it was
+    evaluated as `evaluation` was (EVAL_SETTINGS and the prompts per dataset)."""
     with open(os.path.join(head_folder, "results.json"), encoding="utf-8") as f:
         other = json.load(f)
     theirs = other.get("eval", {})
@@ -318,8 +321,9 @@ def comparison_row(name: str, head_folder: str, evaluation: dict) -> dict:
         raise ValueError(f"{head_folder} was evaluated with other settings ({', '.join(differ)}): evaluate it as this "
                          "head was (same eval-head command) before putting the two side by side")  # fmt: skip
     train = other.get("training", {})
-    return {"name": name, "tau": {ds: round_tau(r) for ds, r in other.get("eval", {}).get("datasets", {}).items()},
-            "head_parameters": train.get("head_parameters"), "tokens_seen": _total_tokens(train)}  # fmt: skip
+    own = {"name": name, "tau": {ds: round_tau(r) for ds, r in other.get("eval", {}).get("datasets", {}).items()},
+           "head_parameters": train.get("head_parameters"), "tokens_seen": _total_tokens(train)}  # fmt: skip
+    return [own, *({**row, "name": f"{name}: {row['name']}"} for row in other.get("comparison", []))]
 
 
 def merge_evaluations(evaluations: list[dict]) -> dict:
@@ -439,7 +443,8 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
         if not results["dropped"]:
             del results["dropped"]
     if compare:
-        results["comparison"] = [comparison_row(name, path, results.get("eval", {})) for name, path in compare.items()]
+        results["comparison"] = [row for name, path in compare.items()
+                                 for row in comparison_rows(name, path, results.get("eval", {}))]  # fmt: skip
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     return results
