@@ -84,7 +84,7 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     (old / "results.json").write_text(json.dumps(RESULTS))
     new = tmp_path / "new"
     new.mkdir()
-    cfg = RESULTS["training"]["config"] | {"head": "eagle3", "unroll": 3, "noise_std": 0.0}
+    cfg = RESULTS["training"]["config"] | {"head": "eagle3", "unroll": 3, "noise_std": 0.0, "lm_head_init": "target"}
     (new / "training.json").write_text(json.dumps(RESULTS["training"] | {"config": cfg, "tokens_seen": 999}))
     ev = json.loads(json.dumps(RESULTS["eval"]))
     ev["datasets"]["mtbench"] |= {"tau": 4.25, "accept_hist": [4, 3, 2, 1]}
@@ -95,6 +95,7 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     text = render_card(results)
     assert "eagle-3" in parse_front_matter(text)["tags"] and "**EAGLE-3 draft head**" in text
     assert "fc 3H->H" in text and "training-time test: 3 passes" in text and "no feature regression" in text
+    assert "its lm_head started as the target's rows of the draft vocabulary" in text
     assert "| 1 | 0.60 | - |" in text and "| 3 | 0.33 | - |" in text  # per-depth acceptance, mtbench column
     assert "| someone/new-eagle3 | 4,203,648 | 999 | 4.25 | 3.40 |" in text
     assert "| old head | 4,203,648 | 1,234,567 | 3.10 | 3.40 |" in text

@@ -238,7 +238,9 @@ def _architecture(eagle3: bool, cfg: dict) -> str:
         return ("EAGLE-3 head (fc 3H->H over three target layers (low, middle, high), one Llama decoder layer whose "
                 "attention reads the normed token embedding and the normed feature (2H), its own lm_head over the "
                 "draft vocabulary with d2t / t2d; its output is fed back as the feature from depth 2 on); the "
-                "target's embeddings are reused.")  # fmt: skip
+                "target's embeddings are reused"
+                + ("; its lm_head started as the target's rows of the draft vocabulary."
+                   if cfg.get("lm_head_init") == "target" else "."))  # fmt: skip
     return (f"EAGLE-1/2 head (fc 2H->H{' with bias' if cfg.get('bias', True) else ''}, one Llama decoder layer "
             "without input norm); the target's embeddings and lm_head are reused.")  # fmt: skip
 
