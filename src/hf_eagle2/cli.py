@@ -1,4 +1,4 @@
-"""`hf-eagle2` command line: extract, train, eval-head, bench, card, push, demo."""
+"""`hf-eagle2` command line: extract, export-tokens, rebuild-features, train, eval-head, bench, card, push, demo."""
 
 from __future__ import annotations
 
@@ -53,6 +53,22 @@ def cmd_extract(args) -> None:
         eagle3=args.eagle3,
     )
     print(json.dumps(meta, indent=2))
+
+
+def cmd_export_tokens(args) -> None:
+    from .training.tokens import export_tokens
+
+    print(json.dumps(export_tokens(args.data, args.out), indent=2))
+
+
+def cmd_rebuild_features(args) -> None:
+    from .assets import load_model
+    from .training.tokens import rebuild_features
+
+    _threads(args.threads)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # as extract pads
+    print(json.dumps(rebuild_features(model, args.tokens, args.out, pad_id=pad_id, eagle3=args.eagle3), indent=2))
 
 
 def cmd_train(args) -> None:
@@ -252,6 +268,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eagle3", action="store_true", help="also store the three target layers an EAGLE-3 head reads")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_extract)
+
+    p = sub.add_parser("export-tokens", help="a feature folder's tokens (answers, masks, shards) as one small .npz")
+    p.add_argument("--data", required=True, help="a folder written by extract")
+    p.add_argument("--out", required=True, help="the .npz to write")
+    p.set_defaults(func=cmd_export_tokens)
+
+    p = sub.add_parser("rebuild-features", help="a feature folder again from export-tokens' .npz: the target's "
+                                                "forward only, no answers to write (resumes from --out)")  # fmt: skip
+    p.add_argument("--tokens", required=True, help="a .npz written by export-tokens")
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="float32", help="the dtype the answers were written in (the .npz records it)")
+    p.add_argument("--eagle3", action=argparse.BooleanOptionalAction, default=None,
+                   help="store the three layers an EAGLE-3 head reads (default: as the exported folder did)")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_rebuild_features)
 
     p = sub.add_parser("train", help="train an EAGLE head on extracted features (resumes from --out)")
     p.add_argument("--model", default="smollm2")

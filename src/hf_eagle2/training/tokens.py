@@ -1,0 +1,133 @@
+"""Token archives: a feature folder without its features, and the folder rebuilt from one.
+
+Self-distillation is the slow part of extraction (the target writes every answer token by token: ~200 tokens/s
+on 2 CPU cores), the features are not (one teacher-forced forward per batch). A folder's tokens are ~1/1000 of
+its bytes, so `export_tokens` keeps them (ids, loss masks, the shard each sequence is in, its id and the
+folder's meta.json) in one compressed `.npz` of a few MB that can travel with the code, and `rebuild_features`
+runs only the forward again, shard by shard, into a folder that `extract` then treats as its own: same
+meta.json, shard i holding batch i of the same work list, so `extract --max-tokens` extends it with new answers.
+
+On the machine and dtype that extracted them, rebuilt shards are the original ones (same batches, same padded
+forward); elsewhere they differ by the kernels' rounding, as a new extraction would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .features import Sequence, aux_layer_ids, forward_features, open_shard, shard_paths, shard_spans, write_shard
+
+ARCHIVE_VERSION = 1
+
+
+def export_tokens(folder: str, path: str) -> dict:
+    """Writes `path` (.npz) from the feature folder: every shard's token ids, loss masks and sequence ids, and
+    the folder's meta.json. Returns a summary (tokens, sequences, shards, bytes)."""
+    meta_path = os.path.join(folder, "meta.json")
+    shards = shard_paths([folder])
+    if not shards or not os.path.exists(meta_path):
+        raise ValueError(f"{folder} holds no extracted shards with a meta.json: nothing to export")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    ids, masks, lengths, per_shard, names = [], [], [], [], []
+    for shard in shards:
+        tensors = open_shard(shard)
+        with open(shard, "rb") as f:  # the sequence ids live in the safetensors header's metadata
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        shard_names = json.loads(header.get("__metadata__", {}).get("ids", "[]"))
+        spans = list(shard_spans(tensors))
+        if len(shard_names) != len(spans):
+            raise ValueError(f"{shard} names {len(shard_names)} sequences but holds {len(spans)}")
+        ids.append(tensors["input_ids"].numpy().astype(np.int32))
+        masks.append(tensors["loss_mask"].numpy().astype(bool))
+        lengths += [b - a for a, b in spans]
+        per_shard.append(len(spans))
+        names += shard_names
+    ids_all = np.concatenate(ids)
+    small = ids_all.max(initial=0) < 2**16  # most vocabularies: half the bytes
+    np.savez_compressed(
+        path,
+        version=np.array(ARCHIVE_VERSION),
+        input_ids=ids_all.astype(np.uint16 if small else np.int32),
+        loss_mask=np.packbits(np.concatenate(masks)),
+        lengths=np.array(lengths, dtype=np.int32),
+        shard_sequences=np.array(per_shard, dtype=np.int32),
+        sequence_ids=np.array(names, dtype=str),
+        meta=np.array(json.dumps(meta)),
+    )
+    return {"tokens": int(ids_all.size), "sequences": len(lengths), "shards": len(shards),
+            "bytes": os.path.getsize(path)}  # fmt: skip
+
+
+def read_tokens(path: str) -> tuple[dict, list[list[tuple[str, list[int], list[bool]]]]]:
+    """The archive's meta.json and, per shard, its sequences as (sequence id, token ids, loss mask)."""
+    with np.load(path, allow_pickle=False) as archive:
+        if int(archive["version"]) != ARCHIVE_VERSION:
+            raise ValueError(f"{path}: token archive version {int(archive['version'])}, this reader knows {ARCHIVE_VERSION}")
+        meta = json.loads(str(archive["meta"]))
+        ids = archive["input_ids"].astype(np.int64)
+        lengths = archive["lengths"]
+        mask = np.unpackbits(archive["loss_mask"], count=int(lengths.sum())).astype(bool)
+        per_shard = archive["shard_sequences"]
+        names = archive["sequence_ids"].tolist()
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    shards, k = [], 0
+    for count in per_shard.tolist():
+        shards.append([(names[i], ids[starts[i] : ends[i]].tolist(), mask[starts[i] : ends[i]].tolist())
+                       for i in range(k, k + count)])  # fmt: skip
+        k += count
+    return meta, shards
+
+
+def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3: bool | None = None,
+                     progress: bool = True) -> dict:  # fmt: skip
+    """Features of the archive's sequences under `model`, written to `out_dir` shard by shard (resumable: existing
+    shards are kept). The target must run in the dtype the answers were written in (the folder's meta records
+    one dtype for both); `eagle3` (default: as the archive's folder) also stores the three layers an EAGLE-3 head
+    reads. Returns the folder's meta.json."""
+    meta, shards = read_tokens(path)
+    dtype = str(model.dtype).removeprefix("torch.")
+    if meta.get("dtype") != dtype:
+        raise ValueError(f"{path} holds answers the target wrote in {meta.get('dtype')}, but the target runs in "
+                         f"{dtype}: rebuild with --dtype {meta.get('dtype')} (a folder records one dtype for both)")  # fmt: skip
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if any(max(seq[1]) >= vocab for shard in shards for seq in shard):
+        raise ValueError(f"{path} holds token ids outside this target's vocabulary ({vocab}): another target's tokens")
+    aux_layers = aux_layer_ids(model) if (bool(meta.get("aux_layers")) if eagle3 is None else eagle3) else ()
+    meta = meta | {"aux_layers": list(aux_layers)}
+    meta.pop("sequences_reached", None)  # where a budgeted run stopped in the work list: not known for a rebuild
+    os.makedirs(out_dir, exist_ok=True)
+    meta_path = os.path.join(out_dir, "meta.json")
+    if shard_paths([out_dir]) and os.path.exists(meta_path):
+        with open(meta_path) as f:
+            saved = json.load(f)
+        changed = [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in meta.items()
+                   if k not in ("tokens", "shards", "hidden_size") and saved.get(k) != v]  # fmt: skip
+        if changed:
+            raise ValueError(f"{out_dir} holds shards made with other settings ({'; '.join(changed)})")
+    total = sum(len(seq[1]) for shard in shards for seq in shard)
+    done = 0
+    bar = tqdm(total=total, unit="tok", desc="rebuild features", disable=not progress)
+    for index, shard in enumerate(shards):
+        out = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
+        size = sum(len(seq[1]) for seq in shard)
+        if not os.path.exists(out):
+            feats, aux = forward_features(model, [seq[1] for seq in shard], pad_id, aux_layers)
+            seqs = [Sequence(torch.tensor(s[1]), f.half(), torch.tensor(s[2], dtype=torch.bool),
+                             None if a is None else a.half()) for s, f, a in zip(shard, feats, aux)]  # fmt: skip
+            meta["hidden_size"] = seqs[0].features.shape[-1]
+            write_shard(out, seqs, ids=[s[0] for s in shard])
+        done += size
+        bar.update(size)
+        meta.update(tokens=done, shards=index + 1)
+        with open(meta_path + ".tmp", "w") as f:
+            json.dump(meta, f, indent=2)
+        os.replace(meta_path + ".tmp", meta_path)
+    bar.close()
+    return meta

@@ -1,0 +1,60 @@
+"""Token archives: a self-distilled feature folder exported without its features and rebuilt from the archive
+gives the same shards, and `extract` then extends the rebuilt folder as its own."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model
+
+from hf_eagle2.cli import main
+from hf_eagle2.training.features import extract_features, open_shard, shard_paths
+from hf_eagle2.training.tokens import export_tokens, read_tokens, rebuild_features
+
+
+def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
+    model, tokenizer = smollm2
+    kw = dict(responses="target", turns="first", eagle3=True, max_new_tokens=8, max_prompt_tokens=300, batch_size=2,
+              progress=False)  # fmt: skip
+    original = str(tmp_path / "original")
+    meta = extract_features(model, tokenizer, original, max_conversations=4, **kw)
+    assert meta["shards"] >= 2  # more than one shard: the archive keeps the shard boundaries
+    archive = str(tmp_path / "tokens.npz")
+    summary = export_tokens(original, archive)
+    assert summary["tokens"] == meta["tokens"] and summary["shards"] == meta["shards"]
+    assert summary["bytes"] < 2 * meta["tokens"] + 4096  # uint16 ids, packed masks: no features
+    saved_meta, shards = read_tokens(archive)
+    assert saved_meta == json.load(open(os.path.join(original, "meta.json")))
+    with pytest.raises(ValueError, match="rebuild with --dtype float32"):  # (a tiny bf16 target: the check comes first)
+        rebuild_features(tiny_model("llama").to(torch.bfloat16), archive, str(tmp_path / "wrong"), progress=False)
+    with pytest.raises(ValueError, match="another target's tokens"):
+        rebuild_features(tiny_model("llama"), archive, str(tmp_path / "wrong"), progress=False)
+    rebuilt = str(tmp_path / "rebuilt")
+    main(["rebuild-features", "--tokens", archive, "--out", rebuilt])  # the CLI path; the shipped model is fp32
+    for a, b in zip(shard_paths([original]), shard_paths([rebuilt]), strict=True):
+        ta, tb = open_shard(a), open_shard(b)
+        assert ta.keys() == tb.keys() and "aux_features" in ta
+        for name in ta:
+            assert torch.equal(ta[name], tb[name]), name  # same batches, same forward: the same features
+    with open(os.path.join(rebuilt, "meta.json")) as f:
+        rebuilt_meta = json.load(f)
+    assert {k: v for k, v in rebuilt_meta.items() if k != "sequences_reached"} == \
+        {k: v for k, v in meta.items() if k != "sequences_reached"}  # fmt: skip
+    # extract resumes the rebuilt folder as its own: the next batches of the same work list, not the first again
+    grown = extract_features(model, tokenizer, rebuilt, max_conversations=6, **kw)
+    also = extract_features(model, tokenizer, original, max_conversations=6, **kw)
+    assert grown["shards"] == also["shards"] > meta["shards"] and grown["tokens"] == also["tokens"]
+    last_a, last_b = open_shard(shard_paths([original])[-1]), open_shard(shard_paths([rebuilt])[-1])
+    assert torch.equal(last_a["input_ids"], last_b["input_ids"])
+    # a folder of other settings is not mixed into
+    np.savez_compressed(str(tmp_path / "other.npz"), **{k: v for k, v in np.load(archive).items() if k != "meta"},
+                        meta=np.array(json.dumps(saved_meta | {"batch_size": 4})))  # fmt: skip
+    with pytest.raises(ValueError, match="batch_size: 2 -> 4"):
+        rebuild_features(model, str(tmp_path / "other.npz"), rebuilt, progress=False)
+
+
+def test_export_needs_an_extracted_folder(tmp_path):
+    with pytest.raises(ValueError, match="no extracted shards"):
+        export_tokens(str(tmp_path), str(tmp_path / "x.npz"))
