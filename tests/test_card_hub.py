@@ -58,11 +58,12 @@ def test_usage_snippet_loads_a_namespaced_repo_id():
         render_card(local, repo_id="my-head")
 
 
-def test_shipped_card_is_what_the_generator_writes():
-    """The shipped card's front matter and text are regenerated from its results.json (numbers untouched)."""
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct-eagle2", "smollm2-135m-instruct-eagle3"])
+def test_shipped_card_is_what_the_generator_writes(name):
+    """The shipped cards' front matter and text are regenerated from their results.json (numbers untouched)."""
     import os
 
-    folder = os.path.join(os.path.dirname(__file__), "..", "model_cards", "smollm2-135m-instruct-eagle2")
+    folder = os.path.join(os.path.dirname(__file__), "..", "model_cards", name)
     with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
         results = json.load(f)
     with open(os.path.join(folder, "README.md"), encoding="utf-8") as f:

@@ -6,9 +6,10 @@ import pytest
 import torch
 from conftest import CHAT_PROMPTS, chat_ids
 
-from hf_eagle2 import EagleDraftModel
+from hf_eagle2 import Eagle3DraftModel, EagleDraftModel
 
 SHIPPED_HEAD = os.path.join(os.path.dirname(__file__), "..", "model_cards", "smollm2-135m-instruct-eagle2")
+SHIPPED_EAGLE3 = os.path.join(os.path.dirname(__file__), "..", "model_cards", "smollm2-135m-instruct-eagle3")
 MAX_NEW = 128
 
 
@@ -44,6 +45,24 @@ def test_random_head_identity(smollm2, references, tree):
         ids, ref = references[text]
         out = model.generate(ids, assistant_model=draft, max_new_tokens=MAX_NEW, **TREES[tree])
         assert torch.equal(out, ref), text
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_shipped_eagle3_head_identity(smollm2, references, tree):
+    """The shipped EAGLE-3 head: its own lm_head over 8192 draft tokens, three target layers taken from the verify
+    forward, its own output fed back from depth 2 on."""
+    model, _ = smollm2
+    if not os.path.exists(os.path.join(SHIPPED_EAGLE3, "model.safetensors")):
+        pytest.fail("the shipped head model_cards/smollm2-135m-instruct-eagle3 is missing")
+    head = EagleDraftModel.from_pretrained(SHIPPED_EAGLE3)
+    assert isinstance(head, Eagle3DraftModel) and head.draft_vocab_size == 8192
+    accepted_long = 0
+    for text in CHAT_PROMPTS[:6]:
+        ids, ref = references[text]
+        out = model.generate(ids, assistant_model=head, max_new_tokens=MAX_NEW, return_dict_in_generate=True, **TREES[tree])
+        assert torch.equal(out.sequences, ref), text
+        accepted_long += sum(out.eagle_stats.accept_hist[3:])
+    assert accepted_long > 0  # a trained head: deep drafts get accepted
 
 
 @pytest.mark.parametrize("tree", list(TREES))

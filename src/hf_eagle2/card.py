@@ -374,6 +374,7 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
         dropped = sorted(key for key in results if key not in ("head_sha256", "training"))  # training: re-read below
         results = {"dropped": dropped} if dropped else {}
     results["head_sha256"] = digest
+    results.setdefault("hub_name", os.path.basename(os.path.abspath(folder)))  # the card's title: the folder's name
 
     def measured_here(what: str, path: str, recorded: str | None) -> None:
         if recorded not in (None, digest):
