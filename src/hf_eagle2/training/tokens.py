@@ -1,9 +1,10 @@
 """Token archives: a feature folder without its features, and the folder rebuilt from one.
 
 Self-distillation is the slow part of extraction (the target writes every answer token by token: ~200 tokens/s
-on 2 CPU cores), the features are not (one teacher-forced forward per batch). A folder's tokens are ~1/1000 of
-its bytes, so `export_tokens` keeps them (ids, loss masks, the shard each sequence is in, its id and the
-folder's meta.json) in one compressed `.npz` of a few MB that can travel with the code, and `rebuild_features`
+on 2 CPU cores), the features are not (one teacher-forced forward per batch). A folder's tokens are a sliver of
+its bytes (SmolLM2: 0.66 bytes per token compressed, against 1.2 kB of features, 4.6 kB with EAGLE-3's), so
+`export_tokens` keeps them (ids, loss masks, the shard each sequence is in, its id and the folder's meta.json)
+in one compressed `.npz` that can travel with the code, and `rebuild_features`
 runs only the forward again, shard by shard, into a folder that `extract` then treats as its own: same
 meta.json, shard i holding batch i of the same work list, so `extract --max-tokens` extends it with new answers.
 
