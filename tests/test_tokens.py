@@ -25,8 +25,13 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
     summary = export_tokens(original, archive)
     assert summary["tokens"] == meta["tokens"] and summary["shards"] == meta["shards"]
     assert summary["bytes"] < 2 * meta["tokens"] + 4096  # uint16 ids, packed masks: no features
-    saved_meta, shards = read_tokens(archive)
+    tokens = read_tokens(archive)
+    saved_meta = tokens.meta
     assert saved_meta == json.load(open(os.path.join(original, "meta.json")))
+    first = open_shard(shard_paths([original])[0])
+    assert [t for _, ids, _ in tokens.shard(0) for t in ids] == first["input_ids"].tolist()
+    assert [m for _, _, mask in tokens.shard(0) for m in mask] == first["loss_mask"].bool().tolist()
+    assert sum(tokens.shard_tokens(i) for i in range(meta["shards"])) == tokens.tokens == meta["tokens"]
     with pytest.raises(ValueError, match="rebuild with --dtype float32"):  # (a tiny bf16 target: the check comes first)
         rebuild_features(tiny_model("llama").to(torch.bfloat16), archive, str(tmp_path / "wrong"), progress=False)
     with pytest.raises(ValueError, match="another target's tokens"):

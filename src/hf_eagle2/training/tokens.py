@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .features import Sequence, aux_layer_ids, forward_features, open_shard, shard_paths, shard_spans, write_shard
+from .features import (Sequence, aux_layer_ids, forward_features, open_shard, setting_changes, shard_paths,
+                       shard_spans, write_shard)
 
 ARCHIVE_VERSION = 1
 
@@ -65,25 +67,56 @@ def export_tokens(folder: str, path: str) -> dict:
             "bytes": os.path.getsize(path)}  # fmt: skip
 
 
-def read_tokens(path: str) -> tuple[dict, list[list[tuple[str, list[int], list[bool]]]]]:
-    """The archive's meta.json and, per shard, its sequences as (sequence id, token ids, loss mask)."""
+@dataclass
+class TokenArchive:
+    """An archive's arrays as stored (all sequences end to end), read a shard at a time: tens of millions of
+    tokens stay a few bytes each in numpy until their shard's forward needs them as lists."""
+
+    meta: dict
+    input_ids: np.ndarray  # (tokens,) uint16 or int32
+    loss_mask: np.ndarray  # (tokens,) bool
+    lengths: np.ndarray  # (sequences,) tokens per sequence
+    shard_sequences: np.ndarray  # (shards,) sequences per shard
+    sequence_ids: list[str]  # (sequences,)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def _sequences(self, index: int) -> range:
+        first = int(self.shard_sequences[:index].sum())
+        return range(first, first + int(self.shard_sequences[index]))
+
+    def shard_tokens(self, index: int) -> int:
+        """Tokens in shard `index`."""
+        seqs = self._sequences(index)
+        return int(self.lengths[seqs.start : seqs.stop].sum())
+
+    def shard(self, index: int) -> list[tuple[str, list[int], list[bool]]]:
+        """Shard `index`'s sequences as (sequence id, token ids, loss mask)."""
+        starts = np.cumsum(self.lengths) - self.lengths
+        return [(self.sequence_ids[i], self.input_ids[starts[i] : starts[i] + self.lengths[i]].tolist(),
+                 self.loss_mask[starts[i] : starts[i] + self.lengths[i]].tolist()) for i in self._sequences(index)]  # fmt: skip
+
+
+def read_tokens(path: str) -> TokenArchive:
+    """The archive at `path` (checked: version, and one mask bit and one shard per sequence)."""
     with np.load(path, allow_pickle=False) as archive:
         if int(archive["version"]) != ARCHIVE_VERSION:
             raise ValueError(f"{path}: token archive version {int(archive['version'])}, this reader knows {ARCHIVE_VERSION}")
-        meta = json.loads(str(archive["meta"]))
-        ids = archive["input_ids"].astype(np.int64)
-        lengths = archive["lengths"]
-        mask = np.unpackbits(archive["loss_mask"], count=int(lengths.sum())).astype(bool)
-        per_shard = archive["shard_sequences"]
-        names = archive["sequence_ids"].tolist()
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    shards, k = [], 0
-    for count in per_shard.tolist():
-        shards.append([(names[i], ids[starts[i] : ends[i]].tolist(), mask[starts[i] : ends[i]].tolist())
-                       for i in range(k, k + count)])  # fmt: skip
-        k += count
-    return meta, shards
+        lengths = archive["lengths"].astype(np.int64)
+        read = TokenArchive(
+            meta=json.loads(str(archive["meta"])),
+            input_ids=archive["input_ids"],
+            loss_mask=np.unpackbits(archive["loss_mask"], count=int(lengths.sum())).astype(bool),
+            lengths=lengths,
+            shard_sequences=archive["shard_sequences"].astype(np.int64),
+            sequence_ids=archive["sequence_ids"].tolist(),
+        )
+    counts = (int(read.shard_sequences.sum()), len(read.sequence_ids), read.lengths.size)
+    if read.input_ids.size != read.tokens or len(set(counts)) != 1:
+        raise ValueError(f"{path}: token, sequence and shard counts disagree (a damaged archive)")
+    return read
 
 
 def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3: bool | None = None,
@@ -92,13 +125,14 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
     shards are kept). The target must run in the dtype the answers were written in (the folder's meta records
     one dtype for both); `eagle3` (default: as the archive's folder) also stores the three layers an EAGLE-3 head
     reads. Returns the folder's meta.json."""
-    meta, shards = read_tokens(path)
+    archive = read_tokens(path)
+    meta = archive.meta
     dtype = str(model.dtype).removeprefix("torch.")
     if meta.get("dtype") != dtype:
         raise ValueError(f"{path} holds answers the target wrote in {meta.get('dtype')}, but the target runs in "
                          f"{dtype}: rebuild with --dtype {meta.get('dtype')} (a folder records one dtype for both)")  # fmt: skip
     vocab = model.get_output_embeddings().weight.shape[0]
-    if any(max(seq[1]) >= vocab for shard in shards for seq in shard):
+    if archive.input_ids.max(initial=0) >= vocab:
         raise ValueError(f"{path} holds token ids outside this target's vocabulary ({vocab}): another target's tokens")
     aux_layers = aux_layer_ids(model) if (bool(meta.get("aux_layers")) if eagle3 is None else eagle3) else ()
     meta = meta | {"aux_layers": list(aux_layers)}
@@ -107,18 +141,16 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
     meta_path = os.path.join(out_dir, "meta.json")
     if shard_paths([out_dir]) and os.path.exists(meta_path):
         with open(meta_path) as f:
-            saved = json.load(f)
-        changed = [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in meta.items()
-                   if k not in ("tokens", "shards", "hidden_size") and saved.get(k) != v]  # fmt: skip
+            changed = setting_changes(json.load(f), meta, skip=("tokens", "shards", "hidden_size"))
         if changed:
             raise ValueError(f"{out_dir} holds shards made with other settings ({'; '.join(changed)})")
-    total = sum(len(seq[1]) for shard in shards for seq in shard)
     done = 0
-    bar = tqdm(total=total, unit="tok", desc="rebuild features", disable=not progress)
-    for index, shard in enumerate(shards):
+    bar = tqdm(total=archive.tokens, unit="tok", desc="rebuild features", disable=not progress)
+    for index in range(len(archive.shard_sequences)):
         out = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
-        size = sum(len(seq[1]) for seq in shard)
+        size = archive.shard_tokens(index)
         if not os.path.exists(out):
+            shard = archive.shard(index)
             feats, aux = forward_features(model, [seq[1] for seq in shard], pad_id, aux_layers)
             seqs = [Sequence(torch.tensor(s[1]), f.half(), torch.tensor(s[2], dtype=torch.bool),
                              None if a is None else a.half()) for s, f, a in zip(shard, feats, aux)]  # fmt: skip
