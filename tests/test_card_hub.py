@@ -121,6 +121,15 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     results = assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
     assert [r["name"] for r in results["comparison"]] == ["old head", "old head: stage 1"]
     assert "| old head: stage 1 | 7 | 8 | 2.50 | - |" in render_card(results)
+    # a head both compared cards list (the newer one brings the older one's rows) is one row, the first one named
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    ev_newer = json.loads(json.dumps(RESULTS["eval"]))
+    ev_newer["datasets"]["mtbench"]["tau"] = 3.9
+    (newer / "results.json").write_text(json.dumps(RESULTS | {"eval": ev_newer, "comparison": results["comparison"]}))
+    both = assemble_results(str(new), eval_json=str(tmp_path / "eval.json"),
+                            compare={"old head": str(old), "newer head": str(newer)})  # fmt: skip
+    assert [r["name"] for r in both["comparison"]] == ["old head", "old head: stage 1", "newer head"]
 
 
 def test_results_describe_one_set_of_weights(tmp_path):
