@@ -97,6 +97,12 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     assert "eagle-3" in parse_front_matter(text)["tags"] and "**EAGLE-3 draft head**" in text
     assert "fc 3H->H" in text and "training-time test: 3 passes" in text and "no feature regression" in text
     assert "its lm_head started as the target's rows of the draft vocabulary" in text
+    # a later stage (`--init`) keeps the lm_head its first stage started: the card says where that was
+    staged = results["training"] | {"config": cfg | {"init": "stage-1", "lm_head_init": None},
+                                    "init_lineage": [results["training"]]}  # fmt: skip
+    assert "its lm_head started as the target's rows" in render_card(results | {"training": staged})
+    first = results["training"] | {"config": cfg | {"lm_head_init": "random"}}
+    assert "its lm_head started" not in render_card(results | {"training": staged | {"init_lineage": [first]}})
     assert "| 1 | 0.60 | - |" in text and "| 3 | 0.33 | - |" in text  # per-depth acceptance, mtbench column
     assert "| someone/new-eagle3 | 4,203,648 | 999 | 4.25 | 3.40 |" in text
     assert "| old head | 4,203,648 | 1,234,567 | 3.10 | 3.40 |" in text

@@ -184,7 +184,7 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     lines += [
         "## Training",
         "",
-        f"- Architecture: {_architecture(eagle3, cfg)} "
+        f"- Architecture: {_architecture(eagle3, cfg, stages[0].get('config', {}))} "
         f"{train.get('head_parameters', 0):,} parameters.",
         f"- Draft vocabulary: {cfg.get('draft_vocab_size') or 'full'} most frequent target tokens of the training "
         "data (the head proposes only these; verification uses the full vocabulary).",
@@ -233,14 +233,16 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def _architecture(eagle3: bool, cfg: dict) -> str:
+def _architecture(eagle3: bool, cfg: dict, first_cfg: dict) -> str:
+    """The head's layout (`cfg`: the last stage's config) and where its lm_head started (`first_cfg`: the first
+    stage's, the one that created the head)."""
     if eagle3:
         return ("EAGLE-3 head (fc 3H->H over three target layers (low, middle, high), one Llama decoder layer whose "
                 "attention reads the normed token embedding and the normed feature (2H), its own lm_head over the "
                 "draft vocabulary with d2t / t2d; its output is fed back as the feature from depth 2 on); the "
                 "target's embeddings are reused"
                 + ("; its lm_head started as the target's rows of the draft vocabulary."
-                   if cfg.get("lm_head_init") == "target" else "."))  # fmt: skip
+                   if first_cfg.get("lm_head_init") == "target" else "."))  # fmt: skip
     return (f"EAGLE-1/2 head (fc 2H->H{' with bias' if cfg.get('bias', True) else ''}, one Llama decoder layer "
             "without input norm); the target's embeddings and lm_head are reused.")  # fmt: skip
 
