@@ -7,8 +7,8 @@ import yaml
 from conftest import tiny_model
 
 from hf_eagle2 import EagleDraftModel
-from hf_eagle2.card import (acceptance_by_depth, assemble_results, merge_evaluations, parse_front_matter, render_card,
-                            write_card)
+from hf_eagle2.card import (acceptance_by_depth, assemble_results, chain_stage_commands, merge_evaluations,
+                            parse_front_matter, render_card, write_card)
 from hf_eagle2.head_formats import weights_sha256
 from hf_eagle2.hub import push_head_folder
 
@@ -68,6 +68,21 @@ def test_shipped_card_is_what_the_generator_writes(name):
         results = json.load(f)
     with open(os.path.join(folder, "README.md"), encoding="utf-8") as f:
         assert f.read() == render_card(results)
+
+
+def test_reproduce_commands_chain_each_stage_to_the_folder_the_last_one_wrote():
+    """A stage run from a copy of the previous head (the head as then shipped in model_cards/, since replaced) reads,
+    in the card, from the folder the previous stage's command wrote: its --head-out, else OUT/head."""
+    stage1 = "hf-eagle2 train --data d --out runs/train/a --head-out 'runs/stage/first head'"
+    stage2 = "hf-eagle2 train --data d --init model_cards/x --out runs/train/b"
+    stage3 = "hf-eagle2 train --data d --init model_cards/x --epochs 2 --out runs/train/c"
+    assert chain_stage_commands([stage1, stage2, stage3]) == [
+        stage1,
+        "hf-eagle2 train --data d --init 'runs/stage/first head' --out runs/train/b",
+        "hf-eagle2 train --data d --init runs/train/b/head --epochs 2 --out runs/train/c",
+    ]
+    untouched = "hf-eagle2 train --data d --out runs/train/d"  # no --init: a fresh stage, left as run
+    assert chain_stage_commands([stage1, untouched]) == [stage1, untouched]
 
 
 def test_acceptance_by_depth():
@@ -192,7 +207,7 @@ def test_card_of_a_head_trained_in_stages(tmp_path):
     assert "500 tokens seen over 3.00 epochs (1,000 with the earlier stages below)" in text
     assert "6.00 h of training (all stages)" in text  # 3 stages x 7200 s
     assert text.index("train stage 1") < text.index("train stage 2") < text.index("train stage 3")
-    assert "each `--init` names the previous stage's head" in text and "| 3 | " in text and "| 200 |" in text
+    assert "each `--init` names the folder the previous stage wrote" in text and "| 3 | " in text and "| 200 |" in text
     assert "10 new tokens" not in text and "256 new tokens, fast CPU kernels; tokens seen include" in text
     assert "Started from" not in text  # stage 1 started from scratch
     ev = json.loads(curve[0].read_text()) | {"kernels": "stock"}
