@@ -241,7 +241,8 @@ def chain_stage_commands(commands: list[str]) -> list[str]:
     chained = [commands[0]]
     for previous, command in zip(commands, commands[1:]):
         args, prev = shlex.split(command), shlex.split(previous)
-        wrote = _flag(prev, "--head-out") or (_flag(prev, "--out") and f"{_flag(prev, '--out')}/head")
+        out = _flag(prev, "--out")
+        wrote = _flag(prev, "--head-out") or (out and os.path.join(out, "head"))  # `train`'s own default
         if wrote and "--init" in args[:-1]:
             args[args.index("--init") + 1] = wrote
             command = shlex.join(args)
