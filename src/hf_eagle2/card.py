@@ -469,13 +469,14 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
         if not results["dropped"]:
             del results["dropped"]
     if compare:
-        rows = []
+        rows, seen = [], []
         for name, path in compare.items():
             for row in comparison_rows(name, path, results.get("eval", {})):
                 # a head that two compared cards both list (one head's card brings the other's rows) shows once,
                 # under the first name: same τ, size and tokens seen is the same measurement of the same head
                 measured = {k: v for k, v in row.items() if k != "name"}
-                if all({k: v for k, v in r.items() if k != "name"} != measured for r in rows):
+                if measured not in seen:
+                    seen.append(measured)
                     rows.append(row)
         results["comparison"] = rows
     with open(results_path, "w", encoding="utf-8") as f:

@@ -94,9 +94,11 @@ class TokenArchive:
 
     def shard(self, index: int) -> list[tuple[str, list[int], list[bool]]]:
         """Shard `index`'s sequences as (sequence id, token ids, loss mask)."""
-        starts = np.cumsum(self.lengths) - self.lengths
-        return [(self.sequence_ids[i], self.input_ids[starts[i] : starts[i] + self.lengths[i]].tolist(),
-                 self.loss_mask[starts[i] : starts[i] + self.lengths[i]].tolist()) for i in self._sequences(index)]  # fmt: skip
+        seqs = self._sequences(index)
+        lengths = self.lengths[seqs.start : seqs.stop]
+        ends = int(self.lengths[: seqs.start].sum()) + np.cumsum(lengths)  # this shard's offsets only
+        return [(self.sequence_ids[i], self.input_ids[end - n : end].tolist(), self.loss_mask[end - n : end].tolist())
+                for i, n, end in zip(seqs, lengths.tolist(), ends.tolist())]  # fmt: skip
 
 
 def read_tokens(path: str) -> TokenArchive:
