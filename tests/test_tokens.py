@@ -1,5 +1,6 @@
 """Token archives: a self-distilled feature folder exported without its features and rebuilt from the archive
-gives the same shards, and `extract` then extends the rebuilt folder as its own."""
+gives the same shards (features to float rounding: extraction records them during generation, the rebuild in one
+forward), and `extract` then extends the rebuilt folder as its own."""
 
 import json
 import os
@@ -41,8 +42,11 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
     for a, b in zip(shard_paths([original]), shard_paths([rebuilt]), strict=True):
         ta, tb = open_shard(a), open_shard(b)
         assert ta.keys() == tb.keys() and "aux_features" in ta
-        for name in ta:
-            assert torch.equal(ta[name], tb[name]), name  # same batches, same forward: the same features
+        for name in ta:  # the same tokens; features from generate's forwards, rebuilt by one forward: rounding apart
+            if name in ("features", "aux_features"):
+                torch.testing.assert_close(ta[name].float(), tb[name].float(), rtol=2e-3, atol=2e-3, msg=name)
+            else:
+                assert torch.equal(ta[name], tb[name]), name
     with open(os.path.join(rebuilt, "meta.json")) as f:
         rebuilt_meta = json.load(f)
     assert {k: v for k, v in rebuilt_meta.items() if k != "sequences_reached"} == \

@@ -10,7 +10,7 @@ import torch
 from hf_eagle2.cpu_kernels import fast_path_available, is_optimized, optimize_for_cpu
 from hf_eagle2.evaluation import SHAREGPT_PROMPT_CHARS, eval_head, load_prompts
 from hf_eagle2.training.data import conversation_base, is_heldout, iter_json_array, iter_sharegpt, render_with_loss_mask, sharegpt_path
-from hf_eagle2.training.features import extract_features, iter_shards
+from hf_eagle2.training.features import extract_features, forward_features, iter_shards
 from hf_eagle2 import EagleDraftModel
 from hf_eagle2.training.train import (FeatureSet, TrainConfig, Trainer, eagle_loss, init_lineage, select_draft_vocab,
                                      total_tokens_seen)
@@ -129,6 +129,11 @@ def test_self_distilled_features(smollm2, tmp_path):
         prompt = s.input_ids[:start][None]
         ref = model.generate(prompt, do_sample=False, max_new_tokens=12)
         assert torch.equal(ref[0, start:], s.input_ids[start:])
+    # the features generate recorded are those of one forward over each stored sequence, token for token (an
+    # off-by-one between decode steps and answer tokens would move every answer feature to its neighbour's)
+    feats, _ = forward_features(model, [s.input_ids.tolist() for s in seqs], 0)
+    for s, ref in zip(seqs, feats, strict=True):
+        torch.testing.assert_close(s.features.float(), ref.half().float(), rtol=2e-3, atol=2e-3)
 
 
 def test_feature_set_reads_shards_memory_mapped(real_features):

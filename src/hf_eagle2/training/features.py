@@ -5,10 +5,11 @@ three hidden states the head reads (`aux_layers`), taken from the same forward.
 Two sources of assistant text:
 
 * `responses="sharegpt"`: the ShareGPT conversations as written (the EAGLE-1/2 recipe), all turns;
-* `responses="target"`: self-distillation. The target answers user turns greedily (`model.generate`,
-  tree-speculative when a head is given), then one forward over prompt + answer gives the features. A head
-  trained on the target's own outputs sees at training time exactly the text it has to predict at inference
-  time. `turns="first"` answers each conversation's first user turn; `turns="all"` every user turn, each
+* `responses="target"`: self-distillation. The target answers user turns greedily with `model.generate`, which
+  also records the features: the hidden states of the very forwards that wrote the answer (prefill, then one
+  decode step per token), so no second pass over prompt + answer (a third of the time, measured). With a head
+  (tree-speculative answers) one padded forward after generation gives them. A head trained on the target's own
+  outputs sees at training time exactly the text it has to predict at inference time. `turns="first"` answers each conversation's first user turn; `turns="all"` every user turn, each
   prompted with the conversation up to it (earlier answers as written): one sequence per turn.
 
 Storage: fp16 shards (`shard_00000.safetensors`, one per batch) with `input_ids` (N,), `features` (N, H),
@@ -30,9 +31,10 @@ import torch
 import numpy as np
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..modeling_eagle3 import official_feature_ids
-from ..target import causal_lm_forward
+from ..target import causal_lm_forward, hidden_states_request, select_features
 from .data import Conversation, iter_sharegpt, render_with_loss_mask
 
 
@@ -71,30 +73,69 @@ def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
     return ids, mask
 
 
+class _EosFedBack(StoppingCriteria):
+    """Stops a row one step after its EOS: the step that feeds the EOS back records its hidden state, the feature
+    of the answer's last token (generate's own EOS stop ends the row before that forward)."""
+
+    def __init__(self, eos_ids: list[int], prompt_width: int):
+        self.eos_ids, self.prompt_width = eos_ids, prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:  # (B, W + n) -> (B,) bool
+        if input_ids.shape[1] - self.prompt_width < 2:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return torch.isin(input_ids[:, -2], torch.tensor(self.eos_ids, device=input_ids.device))
+
+
 @torch.inference_mode()
 def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int], pad_id: int,
                            draft=None, aux_layers: tuple[int, ...] = ()):  # fmt: skip
     """Batched greedy answers with every token's final hidden state.
 
-    The answers come from `model.generate` (with `draft`, an EAGLE head, through the tree-speculative loop: the
-    same tokens, sooner), so extraction has no decode loop of its own; the features then come from one padded
-    forward over prompt + answer (`forward_features`), a small cost next to generating the answer. Returns, per
-    prompt, (ids (T,), features (T, H) float, aux (T, 3H) float or None, response_start) with T = prompt +
-    response tokens; the response ends with the first EOS (kept) or after max_new_tokens tokens."""
+    The answers come from `model.generate`, so extraction has no decode loop of its own. Without a head, generate
+    also returns the features (`output_hidden_states` recording only the entries asked for): the prefill's for the
+    prompt, then decode step j's for answer token j - 1; it runs until each row's EOS was fed back (one more
+    token, dropped) or max_new_tokens + 1 tokens, so every kept token has its own. With `draft` (an EAGLE head:
+    the same tokens, sooner, through the tree-speculative loop) the features come from one padded forward over
+    prompt + answer (`forward_features`). The two agree to float rounding (another order of summation).
+    Returns, per prompt, (ids (T,), features (T, H) float, aux (T, 3H) float or None, response_start) with
+    T = prompt + response tokens; the response ends with the first EOS (kept) or after max_new_tokens tokens."""
     device = model.get_output_embeddings().weight.device
     ids, attn = _left_pad(prompts, pad_id, device)
-    speculative = {} if draft is None else {"assistant_model": draft, "tree": "eagle2"}
-    out = model.generate(ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=eos_ids, pad_token_id=pad_id, **speculative)  # fmt: skip
     width = ids.shape[1]
+    feature_ids = (*aux_layers, -1)
+    if draft is None:
+        out = model.generate(ids, attention_mask=attn, max_new_tokens=max_new_tokens + 1, do_sample=False,
+                             eos_token_id=None, pad_token_id=pad_id, return_dict_in_generate=True,
+                             stopping_criteria=StoppingCriteriaList([_EosFedBack(eos_ids, width)]),
+                             output_hidden_states=hidden_states_request(feature_ids))  # fmt: skip
+        sequences = out.sequences
+        # (B, width + steps - 1, (len(aux) + 1) * H): prefill positions, then the token each decode step fed
+        hidden = torch.cat([select_features(step, feature_ids) for step in out.hidden_states], dim=1)
+    else:
+        sequences = model.generate(ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
+                                   eos_token_id=eos_ids, pad_token_id=pad_id, assistant_model=draft, tree="eagle2")  # fmt: skip
     eos = torch.tensor(eos_ids, device=device)
     rows = []
     for b, prompt in enumerate(prompts):
-        answer = out[b, width:]
+        answer = sequences[b, width : width + max_new_tokens]
         ends = torch.isin(answer, eos).nonzero()
         rows.append(prompt + answer[: int(ends[0]) + 1 if ends.numel() else answer.numel()].tolist())
-    feats, aux = forward_features(model, rows, pad_id, aux_layers)
+    if draft is not None:
+        feats, aux = forward_features(model, rows, pad_id, aux_layers)
+    else:
+        if max(len(r) - len(p) for r, p in zip(rows, prompts)) > hidden.shape[1] - width:
+            raise RuntimeError("generate stopped before feeding back every kept token")  # the criterion's contract
+        kept = [hidden[b, width - len(p) : width - len(p) + len(r)] for b, (r, p) in enumerate(zip(rows, prompts))]
+        feats, aux = _split_features(kept, len(aux_layers))
     return [(torch.tensor(r), f, a, len(p)) for r, f, a, p in zip(rows, feats, aux, prompts)]
+
+
+def _split_features(rows: list[torch.Tensor], num_aux: int):
+    """Per row (T_i, (num_aux + 1) * H) -> final features (T_i, H) and aux features (T_i, num_aux * H) or None,
+    float32 on the CPU."""
+    size = rows[0].shape[-1] // (num_aux + 1)
+    final = [r[:, -size:].float().cpu() for r in rows]
+    return final, [r[:, :-size].float().cpu() if num_aux else None for r in rows]
 
 
 @torch.inference_mode()
@@ -106,11 +147,7 @@ def forward_features(model, rows: list[list[int]], pad_id: int, aux_layers: tupl
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     hidden = causal_lm_forward(model, ids, pos, attn, None, logits_to_keep=1, feature_ids=(*aux_layers, -1))[0]
     width = ids.shape[1]
-    size = hidden.shape[-1] // (len(aux_layers) + 1)
-    final = [hidden[i, width - len(r) :, -size:].float().cpu() for i, r in enumerate(rows)]
-    if not aux_layers:
-        return final, [None] * len(rows)
-    return final, [hidden[i, width - len(r) :, :-size].float().cpu() for i, r in enumerate(rows)]
+    return _split_features([hidden[i, width - len(r) :] for i, r in enumerate(rows)], len(aux_layers))
 
 
 def _batches(items: list, batch_size: int, bucket: int = 8) -> Iterator[list]:
