@@ -9,8 +9,9 @@ Two sources of assistant text:
   also records the features: the hidden states of the very forwards that wrote the answer (prefill, then one
   decode step per token), so no second pass over prompt + answer (a third of the time, measured). With a head
   (tree-speculative answers) one padded forward after generation gives them. A head trained on the target's own
-  outputs sees at training time exactly the text it has to predict at inference time. `turns="first"` answers each conversation's first user turn; `turns="all"` every user turn, each
-  prompted with the conversation up to it (earlier answers as written): one sequence per turn.
+  outputs sees at training time exactly the text it has to predict at inference time. `turns="first"` answers
+  each conversation's first user turn; `turns="all"` every user turn, each prompted with the conversation up to
+  it (earlier answers as written): one sequence per turn.
 
 Storage: fp16 shards (`shard_00000.safetensors`, one per batch) with `input_ids` (N,), `features` (N, H),
 optionally `aux_features` (N, 3 * H), `loss_mask` (N,) and `offsets` (S + 1,) over the S sequences. Shards are
@@ -113,7 +114,8 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
         hidden = torch.cat([select_features(step, feature_ids) for step in out.hidden_states], dim=1)
     else:
         sequences = model.generate(ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
-                                   eos_token_id=eos_ids, pad_token_id=pad_id, assistant_model=draft, tree="eagle2")  # fmt: skip
+                                   eos_token_id=eos_ids, pad_token_id=pad_id, assistant_model=draft,
+                                   tree="eagle2")  # fmt: skip
     eos = torch.tensor(eos_ids, device=device)
     rows = []
     for b, prompt in enumerate(prompts):
