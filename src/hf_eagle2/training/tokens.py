@@ -8,8 +8,9 @@ in one compressed `.npz` that can travel with the code, and `rebuild_features`
 runs only the forward again, shard by shard, into a folder that `extract` then treats as its own: same
 meta.json, shard i holding batch i of the same work list, so `extract --max-tokens` extends it with new answers.
 
-On the machine and dtype that extracted them, rebuilt shards are the original ones (same batches, same padded
-forward); elsewhere they differ by the kernels' rounding, as a new extraction would.
+Rebuilt shards hold the original tokens, masks and boundaries; their features equal the extracted ones to float
+rounding (extraction records them from generate's prefill and decode steps, the rebuild from one padded forward;
+on another machine the kernels' rounding adds to that, as a new extraction's would).
 """
 
 from __future__ import annotations
