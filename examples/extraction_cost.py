@@ -17,8 +17,8 @@ import torch
 
 from hf_eagle2.assets import load_model
 from hf_eagle2.training.data import iter_sharegpt
-from hf_eagle2.training.features import (_left_pad, aux_layer_ids, forward_features, generate_with_features,
-                                        turn_prompts)
+from hf_eagle2.training.features import (_left_pad, answered_rows, aux_layer_ids, forward_features,
+                                        generate_with_features, turn_prompts)
 
 
 def main() -> None:
@@ -53,11 +53,7 @@ def main() -> None:
     out = model.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, do_sample=False,
                          eos_token_id=eos_ids, pad_token_id=pad_id)  # fmt: skip
     generate_s = time.perf_counter() - start
-    rows = []
-    for i, p in enumerate(prompts):
-        answer = out[i, ids.shape[1] :]
-        ends = torch.isin(answer, torch.tensor(eos_ids)).nonzero()
-        rows.append(p + answer[: int(ends[0]) + 1 if ends.numel() else answer.numel()].tolist())
+    rows = answered_rows(out, prompts, args.max_new_tokens, eos_ids)
     features, aux = forward_features(model, rows, pad_id, layers)
     second_pass_s = time.perf_counter() - start
 

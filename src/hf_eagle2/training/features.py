@@ -116,12 +116,7 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
         sequences = model.generate(ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
                                    eos_token_id=eos_ids, pad_token_id=pad_id, assistant_model=draft,
                                    tree="eagle2")  # fmt: skip
-    eos = torch.tensor(eos_ids, device=device)
-    rows = []
-    for b, prompt in enumerate(prompts):
-        answer = sequences[b, width : width + max_new_tokens]
-        ends = torch.isin(answer, eos).nonzero()
-        rows.append(prompt + answer[: int(ends[0]) + 1 if ends.numel() else answer.numel()].tolist())
+    rows = answered_rows(sequences, prompts, max_new_tokens, eos_ids)
     if draft is not None:
         feats, aux = forward_features(model, rows, pad_id, aux_layers)
     else:
@@ -130,6 +125,19 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
         kept = [hidden[b, width - len(p) : width - len(p) + len(r)] for b, (r, p) in enumerate(zip(rows, prompts))]
         feats, aux = _split_features(kept, len(aux_layers))
     return [(torch.tensor(r), f, a, len(p)) for r, f, a, p in zip(rows, feats, aux, prompts)]
+
+
+def answered_rows(sequences: torch.Tensor, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int]):
+    """Prompt + answer ids per row of left-padded `generate` output (B, width + n): the answer cut after its first
+    EOS (kept) or after max_new_tokens tokens."""
+    width = max(len(p) for p in prompts)
+    eos = torch.tensor(eos_ids, device=sequences.device)
+    rows = []
+    for b, prompt in enumerate(prompts):
+        answer = sequences[b, width : width + max_new_tokens]
+        ends = torch.isin(answer, eos).nonzero()
+        rows.append(prompt + answer[: int(ends[0]) + 1 if ends.numel() else answer.numel()].tolist())
+    return rows
 
 
 def _split_features(rows: list[torch.Tensor], num_aux: int):
