@@ -18,7 +18,7 @@ import torch
 from hf_eagle2.assets import load_model
 from hf_eagle2.training.data import iter_sharegpt
 from hf_eagle2.training.features import (_left_pad, answered_rows, aux_layer_ids, forward_features,
-                                        generate_with_features, turn_prompts)
+                                        generate_with_features, pad_and_eos_ids, turn_prompts)
 
 
 def main() -> None:
@@ -39,9 +39,7 @@ def main() -> None:
         if len(prompts) >= args.batch_size:
             break
     prompts = sorted(prompts[: args.batch_size], key=len)
-    eos = model.generation_config.eos_token_id
-    eos_ids = [eos] if isinstance(eos, int) else list(eos)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id, eos_ids = pad_and_eos_ids(model, tokenizer)  # as extraction does
     layers = aux_layer_ids(model)
 
     start = time.perf_counter()

@@ -140,6 +140,14 @@ def answered_rows(sequences: torch.Tensor, prompts: list[list[int]], max_new_tok
     return rows
 
 
+def pad_and_eos_ids(model, tokenizer) -> tuple[int, list[int]]:
+    """The pad id extraction left-pads prompts with (the tokenizer's, else 0) and the ids that end an answer (the
+    generation config's EOS, else the tokenizer's)."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eos = model.generation_config.eos_token_id
+    return pad_id, [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
+
+
 def _split_features(rows: list[torch.Tensor], num_aux: int):
     """Per row (T_i, (num_aux + 1) * H) -> final features (T_i, H) and aux features (T_i, num_aux * H) or None,
     float32 on the CPU."""
@@ -209,9 +217,7 @@ def extract_features(
         raise ValueError("turns must be 'first' or 'all'")
     aux_layers = aux_layer_ids(model) if eagle3 else ()
     os.makedirs(out_dir, exist_ok=True)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    eos = model.generation_config.eos_token_id
-    eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
+    pad_id, eos_ids = pad_and_eos_ids(model, tokenizer)
     counts = {"sequences": 0, "conversations": 0}
 
     def items():  # (sequence id, ids, loss mask or None): one per conversation, or per user turn with turns="all"
