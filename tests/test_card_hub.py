@@ -8,7 +8,7 @@ from conftest import tiny_model
 
 from hf_eagle2 import EagleDraftModel
 from hf_eagle2.card import (acceptance_by_depth, assemble_results, chain_stage_commands, merge_evaluations,
-                            parse_front_matter, render_card, write_card)
+                            parse_front_matter, render_card, row_label, write_card)
 from hf_eagle2.head_formats import weights_sha256
 from hf_eagle2.hub import push_head_folder
 
@@ -140,7 +140,7 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     older = RESULTS | {"comparison": [{"name": "stage 1", "tau": {"mtbench": 2.5}, "head_parameters": 7, "tokens_seen": 8}]}
     (old / "results.json").write_text(json.dumps(older))
     results = assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"old head": str(old)})
-    assert [r["name"] for r in results["comparison"]] == ["old head", "old head: stage 1"]
+    assert [row_label(r) for r in results["comparison"]] == ["old head", "old head: stage 1"]
     assert "| old head: stage 1 | 7 | 8 | 2.50 | - |" in render_card(results)
     # a head both compared cards list (the newer one brings the older one's rows) is one row, the first one named
     newer = tmp_path / "newer"
@@ -150,7 +150,15 @@ def test_eagle3_card_and_side_by_side_table(tmp_path):
     (newer / "results.json").write_text(json.dumps(RESULTS | {"eval": ev_newer, "comparison": results["comparison"]}))
     both = assemble_results(str(new), eval_json=str(tmp_path / "eval.json"),
                             compare={"old head": str(old), "newer head": str(newer)})  # fmt: skip
-    assert [r["name"] for r in both["comparison"]] == ["old head", "old head: stage 1", "newer head"]
+    assert [row_label(r) for r in both["comparison"]] == ["old head", "old head: stage 1", "newer head"]
+    # a row brought twice keeps the card that named it: a lineage of stages does not nest "a: b: c: ..."
+    newest = assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"newer head": str(newer)})
+    assert [row_label(r) for r in newest["comparison"]] == ["newer head", "newer head: old head", "old head: stage 1"]
+    # results.json from before "listed_by" kept the lister in the name: read the same way
+    legacy = [{k: v for k, v in r.items() if k != "listed_by"} | {"name": row_label(r)} for r in results["comparison"]]
+    (newer / "results.json").write_text(json.dumps(RESULTS | {"eval": ev_newer, "comparison": legacy}))
+    again = assemble_results(str(new), eval_json=str(tmp_path / "eval.json"), compare={"newer head": str(newer)})
+    assert again["comparison"] == newest["comparison"]
 
 
 def test_results_describe_one_set_of_weights(tmp_path):

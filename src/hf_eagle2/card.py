@@ -10,7 +10,8 @@
      "curve": [{"tokens_seen": ..., "tau_mtbench": ..., "prompts": ...}, ...] (optional; tokens of all stages)
      "curve_settings": {...the curve evaluations' EVAL_SETTINGS and prompts...}
      "comparison": [{"name": ..., "tau": {dataset: τ}, "head_parameters": ..., "tokens_seen": ...}, ...] (optional:
-                   other heads, evaluated with this head's settings; this head's row is drawn from "eval")
+                   other heads, evaluated with this head's settings; this head's row is drawn from "eval"; a row
+                   brought from a compared head's own card has "listed_by", the name of the head whose card named it)
      "commands": {"train": ..., "eval": ..., "bench": ..., "card": ...},
      "head_sha256": ...}  (the weights all of it describes: a retrained head starts its results.json over, and an
                           evaluation or benchmark of other weights is refused)
@@ -313,7 +314,8 @@ def _comparison_table(rows: list[dict], datasets: list[str]) -> list[str]:
              "|---|---:|---:|" + "---:|" * len(datasets)]  # fmt: skip
     for r in rows:
         taus = " | ".join(_fmt(r.get("tau", {}).get(ds)) for ds in datasets)
-        lines.append(f"| {r['name']} | {_count(r.get('head_parameters'))} | {_count(r.get('tokens_seen'))} | {taus} |")
+        sizes = f"{_count(r.get('head_parameters'))} | {_count(r.get('tokens_seen'))}"
+        lines.append(f"| {row_label(r)} | {sizes} | {taus} |")
     return lines + [""]
 
 
@@ -332,9 +334,10 @@ EVAL_SETTINGS = {"max_new_tokens": None, "tree": None, "kernels": "stock", "full
 
 def comparison_rows(name: str, head_folder: str, evaluation: dict) -> list[dict]:
     """Side-by-side rows from another head folder's results.json: its own (its evaluation and training summary),
-    then the rows its own card compares with, named "NAME: theirs" (they were checked against its evaluation when
-    its card was made, and it is checked against `evaluation` here, so they were measured alike: a new head's card
-    can sit beside every earlier head without re-evaluating heads whose folders are gone). An error unless it was
+    then the rows its own card compares with, "listed_by" NAME unless they name their lister already (they were
+    checked against its evaluation when its card was made, and it is checked against `evaluation` here, so they
+    were measured alike: a new head's card can sit beside every earlier head without re-evaluating heads whose
+    folders are gone). An error unless it was
     evaluated as `evaluation` was (EVAL_SETTINGS and the prompts per dataset)."""
     with open(os.path.join(head_folder, "results.json"), encoding="utf-8") as f:
         other = json.load(f)
@@ -348,7 +351,26 @@ def comparison_rows(name: str, head_folder: str, evaluation: dict) -> list[dict]
     train = other.get("training", {})
     own = {"name": name, "tau": {ds: round_tau(r) for ds, r in other.get("eval", {}).get("datasets", {}).items()},
            "head_parameters": train.get("head_parameters"), "tokens_seen": _total_tokens(train)}  # fmt: skip
-    return [own, *({**row, "name": f"{name}: {row['name']}"} for row in other.get("comparison", []))]
+    return [own, *({"listed_by": name, **row} for row in _with_listed_by(other.get("comparison", [])))]
+
+
+def row_label(row: dict) -> str:
+    """A comparison row's name in the table: "LISTED_BY: NAME" for a row another head's card brought (its name is
+    that card's name for the head), else NAME."""
+    return f"{row['listed_by']}: {row['name']}" if row.get("listed_by") else row["name"]
+
+
+def _with_listed_by(rows: list[dict]) -> list[dict]:
+    """Comparison rows with "listed_by" set where the name carries it: results.json from before "listed_by" wrote a
+    brought row's name as "LISTED_BY: NAME", LISTED_BY being an earlier row's name in the same list. Keeping the
+    lister once (rather than prefixing again at each card) stops the names nesting a level deeper every stage."""
+    out = []
+    for row in rows:
+        lister = next((r["name"] for r in out if row["name"].startswith(f"{r['name']}: ")), None)
+        if lister and "listed_by" not in row:
+            row = {**row, "listed_by": lister, "name": row["name"][len(lister) + 2 :]}
+        out.append(row)
+    return out
 
 
 def merge_evaluations(evaluations: list[dict]) -> dict:
@@ -474,7 +496,7 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
             for row in comparison_rows(name, path, results.get("eval", {})):
                 # a head that two compared cards both list (one head's card brings the other's rows) shows once,
                 # under the first name: same τ, size and tokens seen is the same measurement of the same head
-                measured = {k: v for k, v in row.items() if k != "name"}
+                measured = {k: v for k, v in row.items() if k not in ("name", "listed_by")}
                 if measured not in seen:
                     seen.append(measured)
                     rows.append(row)
