@@ -337,8 +337,8 @@ def comparison_rows(name: str, head_folder: str, evaluation: dict) -> list[dict]
     then the rows its own card compares with, "listed_by" NAME unless they name their lister already (they were
     checked against its evaluation when its card was made, and it is checked against `evaluation` here, so they
     were measured alike: a new head's card can sit beside every earlier head without re-evaluating heads whose
-    folders are gone). An error unless it was
-    evaluated as `evaluation` was (EVAL_SETTINGS and the prompts per dataset)."""
+    folders are gone). An error unless it was evaluated as `evaluation` was (EVAL_SETTINGS and the prompts per
+    dataset)."""
     with open(os.path.join(head_folder, "results.json"), encoding="utf-8") as f:
         other = json.load(f)
     theirs = other.get("eval", {})
