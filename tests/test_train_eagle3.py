@@ -51,6 +51,21 @@ def test_aux_features_are_the_three_layers_of_the_same_forward(target):
     torch.testing.assert_close(final[0], hs[-1][0])
 
 
+def test_forward_features_groups_rows_by_length_and_keeps_their_order(target):
+    """Rows of mixed lengths run in length-sorted groups under a padded-token budget; each row gets its own
+    states (those of a forward over it alone), in the order given, whatever the grouping."""
+    g = torch.Generator().manual_seed(2)
+    rows = [torch.randint(3, 32, (n,), generator=g).tolist() for n in (9, 3, 14, 5, 5, 11, 2)]
+    layers = aux_layer_ids(target)
+    alone = [forward_features(target, [r], 0, layers) for r in rows]
+    for budget in (1, 16, 30, 10_000):  # every row alone, small groups, two or three groups, one padded forward
+        final, aux = forward_features(target, rows, 0, layers, max_batch_tokens=budget)
+        assert [f.shape[0] for f in final] == [len(r) for r in rows]
+        for (ref_final, ref_aux), f, a in zip(alone, final, aux, strict=True):
+            torch.testing.assert_close(f, ref_final[0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(a, ref_aux[0], rtol=1e-5, atol=1e-5)
+
+
 def test_unrolled_pass_equals_inference_drafting_eagle3(target):
     """Training-time test for EAGLE-3: pass 2 at index i is the head drafting a depth-1 node at position i from
     fc(target layers) context and its own pass-1 output."""

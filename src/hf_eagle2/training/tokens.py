@@ -9,8 +9,8 @@ runs only the forward again, shard by shard, into a folder that `extract` then t
 meta.json, shard i holding batch i of the same work list, so `extract --max-tokens` extends it with new answers.
 
 Rebuilt shards hold the original tokens, masks and boundaries; their features equal the extracted ones to float
-rounding (extraction records them from generate's prefill and decode steps, the rebuild from one padded forward;
-on another machine the kernels' rounding adds to that, as a new extraction's would).
+rounding (extraction records them from generate's prefill and decode steps, the rebuild from teacher-forced
+padded forwards; on another machine the kernels' rounding adds to that, as a new extraction's would).
 """
 
 from __future__ import annotations
