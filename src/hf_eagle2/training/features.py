@@ -157,8 +157,9 @@ def _split_features(rows: list[torch.Tensor], num_aux: int):
 
 
 # padded tokens per forward of `forward_features`: one forward over a whole shard (64 rows) spends ~30% on padding
-# and slows on its (B, heads, T, T) masks; on 2 cores (SmolLM2 bf16, 128 sequences of the token archive) length-
-# sorted groups of 4096 padded tokens ran 830 tokens/s against 450 for two 64-row forwards (2048: 786, 16384: 604)
+# and slows on its (B, heads, T, T) masks; on 2 cores (SmolLM2 bf16, two shards of the token archive,
+# `examples/rebuild_cost.py`) length-sorted groups of 4096 padded tokens ran 731 tokens/s against 431 for one
+# forward per shard (2048: 735, 16384: 536)
 FORWARD_BATCH_TOKENS = 4096
 
 
