@@ -51,15 +51,24 @@ def test_aux_features_are_the_three_layers_of_the_same_forward(target):
     torch.testing.assert_close(final[0], hs[-1][0])
 
 
-def test_forward_features_groups_rows_by_length_and_keeps_their_order(target):
+def test_forward_features_groups_rows_by_length_and_keeps_their_order(target, monkeypatch):
     """Rows of mixed lengths run in length-sorted groups under a padded-token budget; each row gets its own
     states (those of a forward over it alone), in the order given, whatever the grouping."""
+    from hf_eagle2.training import features
+
     g = torch.Generator().manual_seed(2)
     rows = [torch.randint(3, 32, (n,), generator=g).tolist() for n in (9, 3, 14, 5, 5, 11, 2)]
     layers = aux_layer_ids(target)
     alone = [forward_features(target, [r], 0, layers) for r in rows]
-    for budget in (1, 16, 30, 10_000):  # every row alone, small groups, two or three groups, one padded forward
+    forwards = []  # (rows, longest row) of every padded forward
+    padded_forward = features._padded_forward
+    monkeypatch.setattr(features, "_padded_forward", lambda model, group, *a: (
+        forwards.append((len(group), max(map(len, group)))) or padded_forward(model, group, *a)))  # fmt: skip
+    # every row alone; groups of lengths (2, 3, 5), (5), (9), (11), (14); (2..5), (9, 11), (14); one forward
+    for budget, groups in ((1, 7), (16, 5), (30, 3), (10_000, 1)):
+        forwards.clear()
         final, aux = forward_features(target, rows, 0, layers, max_batch_tokens=budget)
+        assert len(forwards) == groups and all(n == 1 or n * width <= budget for n, width in forwards)
         assert [f.shape[0] for f in final] == [len(r) for r in rows]
         for (ref_final, ref_aux), f, a in zip(alone, final, aux, strict=True):
             torch.testing.assert_close(f, ref_final[0], rtol=1e-5, atol=1e-5)
