@@ -163,6 +163,18 @@ def _split_features(rows: list[torch.Tensor], num_aux: int):
 FORWARD_BATCH_TOKENS = 4096
 
 
+def pack_by_length(indices, lengths, budget: int) -> list[list[int]]:
+    """`indices` sorted by `lengths[i]` (stable) and cut into consecutive groups with (rows x longest) <= budget;
+    a row longer than the budget forms a group alone. Training batches and feature forwards pack by this rule."""
+    groups, group = [], []
+    for i in sorted(indices, key=lambda i: lengths[i]):
+        if group and lengths[i] * (len(group) + 1) > budget:
+            groups.append(group)
+            group = []
+        group.append(i)
+    return groups + [group] if group else groups
+
+
 @torch.inference_mode()
 def forward_features(model, rows: list[list[int]], pad_id: int, aux_layers: tuple[int, ...] = (),
                      max_batch_tokens: int = FORWARD_BATCH_TOKENS):  # fmt: skip
@@ -170,16 +182,8 @@ def forward_features(model, rows: list[list[int]], pad_id: int, aux_layers: tupl
     those `hidden_states` entries concatenated (T_i, 3H) from the same forward (else None). Rows run in padded
     forwards of similar lengths, at most `max_batch_tokens` padded tokens each (a longer row runs alone); each
     row's states are its own whatever its group (explicit positions and padding mask), up to kernel rounding."""
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    groups, group = [], []
-    for i in order:
-        if group and len(rows[i]) * (len(group) + 1) > max_batch_tokens:
-            groups.append(group)
-            group = []
-        group.append(i)
-    groups.append(group)
     final, aux = [None] * len(rows), [None] * len(rows)
-    for group in groups:
+    for group in pack_by_length(range(len(rows)), [len(r) for r in rows], max_batch_tokens):
         group_final, group_aux = _padded_forward(model, [rows[i] for i in group], pad_id, aux_layers)
         for i, f, a in zip(group, group_final, group_aux):
             final[i], aux[i] = f, a

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from ..modeling_eagle import EagleDraftModel
 from ..modeling_eagle3 import Eagle3DraftModel
-from .features import aux_layer_ids, open_shard, setting_changes, shard_paths, shard_spans
+from .features import aux_layer_ids, open_shard, pack_by_length, setting_changes, shard_paths, shard_spans
 
 
 @dataclass
@@ -202,20 +202,11 @@ def epoch_batches(lengths: torch.Tensor, batch_tokens: int, seed: int, epoch: in
     rng = random.Random(seed * 1000003 + epoch)
     order = list(range(lengths.numel()))
     rng.shuffle(order)
-    batches = []
+    sizes = lengths.tolist()
     window = 64  # sort within windows of 64 sequences to limit padding, keep the shuffle otherwise
+    batches = []
     for start in range(0, len(order), window):
-        chunk = sorted(order[start : start + window], key=lambda i: int(lengths[i]))
-        current, longest = [], 0
-        for i in chunk:
-            n = int(lengths[i])
-            if current and max(longest, n) * (len(current) + 1) > batch_tokens:
-                batches.append(current)
-                current, longest = [], 0
-            current.append(i)
-            longest = max(longest, n)
-        if current:
-            batches.append(current)
+        batches += pack_by_length(order[start : start + window], sizes, batch_tokens)
     rng.shuffle(batches)
     return batches
 
