@@ -1,12 +1,13 @@
-"""What recording features during generation saves in a self-distilled extraction (`hf-eagle2 extract`).
+"""What recording features during generation, and dropping finished rows, save in a self-distilled extraction.
 
-Answers one batch of training-split user turns twice, as `extract --responses target --turns all` batches them:
-with `generate_with_features` (generate records the features of the forwards that wrote each token), and with
-plain `generate` followed by one padded forward over prompt + answer (`forward_features`, what extraction did
-before and still does for head-drafted answers). Prints both times, whether the answers are the same tokens, and
-how far apart the two feature sets are (relative to each row's largest feature).
+Answers one batch of training-split user turns as `extract --responses target --turns all` batches them: with
+`generate_with_features` in generate calls of each `--chunk-steps` decode steps (rows whose answer ended leave the
+batch between calls; 0: one call for the whole answer), and with `--second-pass` plain `generate` followed by one
+padded forward over prompt + answer (`forward_features`, what head-drafted extraction does). Prints each way's time
+and tokens/s, how many answers are the same tokens as the first way's, and for those how far apart the features
+are (relative to each row's largest feature).
 
-    python examples/extraction_cost.py --dtype bfloat16 --batch-size 64 --max-new-tokens 384 --threads 2
+    python examples/extraction_cost.py --dtype bfloat16 --batch-size 64 --max-new-tokens 384 --chunk-steps 0,32
 """
 
 import argparse
@@ -29,6 +30,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--max-prompt-tokens", type=int, default=384)
     parser.add_argument("--skip-conversations", type=int, default=4000, help="where in the training split to start")
+    parser.add_argument("--chunk-steps", default="0,32", help="decode steps per generate call, comma-separated")
+    parser.add_argument("--second-pass", action="store_true", help="also time generate + one forward over the answers")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -42,31 +45,36 @@ def main() -> None:
     pad_id, eos_ids = pad_and_eos_ids(model, tokenizer)  # as extraction does
     layers = aux_layer_ids(model)
 
-    start = time.perf_counter()
-    recorded = generate_with_features(model, prompts, args.max_new_tokens, eos_ids, pad_id, aux_layers=layers)
-    recorded_s = time.perf_counter() - start
+    runs = {}
+    for chunk in [int(c) for c in args.chunk_steps.split(",")]:
+        start = time.perf_counter()
+        results = generate_with_features(model, prompts, args.max_new_tokens, eos_ids, pad_id, aux_layers=layers,
+                                         chunk_steps=chunk or None)  # fmt: skip
+        runs[f"recorded, {chunk or 'all'} decode steps per generate call"] = (time.perf_counter() - start, results)
+    if args.second_pass:
+        start = time.perf_counter()
+        ids, mask = _left_pad(prompts, pad_id, "cpu")  # as generate_with_features pads
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, do_sample=False,
+                             eos_token_id=eos_ids, pad_token_id=pad_id)  # fmt: skip
+        generate_s = time.perf_counter() - start
+        rows = answered_rows(out, prompts, args.max_new_tokens, eos_ids)
+        features, aux = forward_features(model, rows, pad_id, layers)
+        second_pass_s = time.perf_counter() - start
+        results = [(torch.tensor(r), f, a, 0) for r, f, a in zip(rows, features, aux)]
+        runs[f"generate ({generate_s:.1f} s) + forward"] = (second_pass_s, results)
 
-    start = time.perf_counter()
-    ids, mask = _left_pad(prompts, pad_id, "cpu")  # as generate_with_features pads
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, do_sample=False,
-                         eos_token_id=eos_ids, pad_token_id=pad_id)  # fmt: skip
-    generate_s = time.perf_counter() - start
-    rows = answered_rows(out, prompts, args.max_new_tokens, eos_ids)
-    features, aux = forward_features(model, rows, pad_id, layers)
-    second_pass_s = time.perf_counter() - start
-
-    same = all(r[0].tolist() == row for r, row in zip(recorded, rows))
-    tokens = sum(len(r) for r in rows)
-    print(f"{len(prompts)} answers, {tokens} tokens (prompt + answer), same tokens both ways: {same}")
-    print(f"generate + forward: {second_pass_s:.1f} s ({generate_s:.1f} s generate), {tokens / second_pass_s:.0f} "
-          f"tokens/s")  # fmt: skip
-    print(f"features recorded by generate: {recorded_s:.1f} s, {tokens / recorded_s:.0f} tokens/s "
-          f"({second_pass_s / recorded_s:.2f}x)")  # fmt: skip
-    if same:  # features of the same tokens: the two ways differ by rounding only
-        final = max(float((r[1] - f).abs().max() / f.abs().max()) for r, f in zip(recorded, features))
-        layer = max(float((r[2] - a).abs().max() / a.abs().max()) for r, a in zip(recorded, aux))
-        print(f"largest difference, relative to the row's largest feature: final {final:.4f}, EAGLE-3 layers "
-              f"{layer:.4f}")  # fmt: skip
+    first = next(iter(runs.values()))[1]
+    tokens = sum(len(r[0]) for r in first)
+    print(f"{len(prompts)} answers, {tokens} tokens (prompt + answer) in the first way")
+    for way, (seconds, results) in runs.items():
+        same = [(r, f) for r, f in zip(results, first) if torch.equal(r[0], f[0])]
+        line = f"{way}: {seconds:.1f} s, {sum(len(r[0]) for r in results) / seconds:.0f} tokens/s, "
+        line += f"{len(same)}/{len(first)} answers the same tokens"
+        if same:  # features of the same tokens: the ways differ by rounding only
+            final = max(float((r[1] - f[1]).abs().max() / f[1].abs().max()) for r, f in same)
+            layer = max(float((r[2] - f[2]).abs().max() / f[2].abs().max()) for r, f in same)
+            line += f" (largest feature difference: final {final:.4f}, EAGLE-3 layers {layer:.4f})"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from hf_eagle2.training.features import (
     aux_layer_ids,
     extract_features,
     forward_features,
+    generate_with_features,
     iter_shards,
     turn_prompts,
 )
@@ -161,6 +162,35 @@ def test_a_new_eagle3_head_starts_from_the_targets_lm_head(target, tmp_path):
     with pytest.raises(ValueError, match="keeps that head's lm_head"):
         TrainConfig(data=[], out=str(tmp_path), head="eagle3", init="some/head", lm_head_init="random")
     assert TrainConfig(data=[], out=str(tmp_path), head="eagle3", init="some/head").lm_head_init is None
+
+
+def test_self_distilled_rows_leave_the_batch_once_their_answer_ends(target, monkeypatch):
+    """Self-distilled answers run in generate calls of a few decode steps; a row whose EOS was fed back leaves
+    the batch (each later call gets exactly the rows still answering) and every row keeps the tokens and features
+    of one call for the whole answer, and its own batch-of-one greedy answer."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 32, (n,), generator=g).tolist() for n in (5, 9, 3, 7, 4, 6)]
+    eos, new, layers = [4, 26, 19], 12, aux_layer_ids(target)
+    one_call = generate_with_features(target, prompts, new, eos, 0, aux_layers=layers, chunk_steps=None)
+    answers = [len(ids) - start for ids, _, _, start in one_call]
+    ended = [ids[-1].item() in eos for ids, _, _, _ in one_call]
+    assert min(answers) == 1 and max(answers) == new and len(set(answers)) >= 3 and any(ended) and not all(ended)
+    for p, (ids, _, _, start) in zip(prompts, one_call):
+        alone = target.generate(torch.tensor([p]), do_sample=False, max_new_tokens=new, eos_token_id=eos,
+                                pad_token_id=0)  # fmt: skip
+        assert ids.tolist() == alone[0].tolist() and start == len(p)
+    calls, generate = [], target.generate
+    monkeypatch.setattr(target, "generate", lambda ids, **kw: calls.append(ids.shape[0]) or generate(ids, **kw))
+    for chunk in (1, 4, 5):
+        calls.clear()
+        chunked = generate_with_features(target, prompts, new, eos, 0, aux_layers=layers, chunk_steps=chunk)
+        for (ids, feats, aux, start), (ids1, feats1, aux1, start1) in zip(chunked, one_call, strict=True):
+            assert torch.equal(ids, ids1) and start == start1
+            torch.testing.assert_close(feats, feats1, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(aux, aux1, rtol=1e-4, atol=1e-5)
+        # a row answering n tokens with EOS stops once step n + 1 fed it back; one without runs all new + 1 steps
+        steps = range(0, new + 1, chunk)
+        assert calls == [sum(not e or n + 1 > done for n, e in zip(answers, ended)) for done in steps], chunk
 
 
 def test_eagle3_training_needs_aux_features(target, tmp_path):

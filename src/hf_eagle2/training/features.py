@@ -87,17 +87,26 @@ class _EosFedBack(StoppingCriteria):
         return torch.isin(input_ids[:, -2], torch.tensor(self.eos_ids, device=input_ids.device))
 
 
+# decode steps per `generate` call of a self-distilled extraction: between calls, the rows whose answer ended leave
+# the batch and its cache. One call for the whole answer computes every row until the longest answer ends, ~29% of
+# a 64-row batch's decode slots on finished rows (`examples/extraction_cost.py` measures both ways).
+GENERATE_CHUNK_STEPS = 32
+
+
 @torch.inference_mode()
 def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int], pad_id: int,
-                           draft=None, aux_layers: tuple[int, ...] = ()):  # fmt: skip
+                           draft=None, aux_layers: tuple[int, ...] = (),
+                           chunk_steps: int | None = GENERATE_CHUNK_STEPS):  # fmt: skip
     """Batched greedy answers with every token's final hidden state.
 
     The answers come from `model.generate`, so extraction has no decode loop of its own. Without a head, generate
     also returns the features (`output_hidden_states` recording only the entries asked for): the prefill's for the
     prompt, then decode step j's for answer token j - 1; it runs until each row's EOS was fed back (one more
-    token, dropped) or max_new_tokens + 1 tokens, so every kept token has its own. With `draft` (an EAGLE head:
-    the same tokens, sooner, through the tree-speculative loop) the features come from a teacher-forced forward
-    over prompt + answer (`forward_features`). The two agree to float rounding (another order of summation).
+    token, dropped) or max_new_tokens + 1 tokens, so every kept token has its own. It runs in calls of
+    `chunk_steps` decode steps (None: one call), continuing the same cache, with the finished rows dropped
+    between calls. With `draft` (an EAGLE head: the same tokens, sooner, through the tree-speculative loop) the
+    features come from a teacher-forced forward over prompt + answer (`forward_features`). The two agree to float
+    rounding (another order of summation).
     Returns, per prompt, (ids (T,), features (T, H) float, aux (T, 3H) float or None, response_start) with
     T = prompt + response tokens; the response ends with the first EOS (kept) or after max_new_tokens tokens."""
     device = model.get_output_embeddings().weight.device
@@ -105,13 +114,8 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
     width = ids.shape[1]
     feature_ids = (*aux_layers, -1)
     if draft is None:
-        out = model.generate(ids, attention_mask=attn, max_new_tokens=max_new_tokens + 1, do_sample=False,
-                             eos_token_id=None, pad_token_id=pad_id, return_dict_in_generate=True,
-                             stopping_criteria=StoppingCriteriaList([_EosFedBack(eos_ids, width)]),
-                             output_hidden_states=hidden_states_request(feature_ids))  # fmt: skip
-        sequences = out.sequences
-        # (B, width + steps - 1, (len(aux) + 1) * H): prefill positions, then the token each decode step fed
-        hidden = torch.cat([select_features(step, feature_ids) for step in out.hidden_states], dim=1)
+        sequences, hidden = _generate_in_chunks(model, ids, attn, max_new_tokens + 1, eos_ids, pad_id, feature_ids,
+                                                chunk_steps)  # fmt: skip
     else:
         sequences = model.generate(ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
                                    eos_token_id=eos_ids, pad_token_id=pad_id, assistant_model=draft,
@@ -120,11 +124,52 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
     if draft is not None:
         feats, aux = forward_features(model, rows, pad_id, aux_layers)
     else:
-        if max(len(r) - len(p) for r, p in zip(rows, prompts)) > hidden.shape[1] - width:
+        if any(len(r) - len(p) > h.shape[0] - width for r, p, h in zip(rows, prompts, hidden)):
             raise RuntimeError("generate stopped before feeding back every kept token")  # the criterion's contract
-        kept = [hidden[b, width - len(p) : width - len(p) + len(r)] for b, (r, p) in enumerate(zip(rows, prompts))]
+        kept = [h[width - len(p) : width - len(p) + len(r)] for h, r, p in zip(hidden, rows, prompts)]
         feats, aux = _split_features(kept, len(aux_layers))
     return [(torch.tensor(r), f, a, len(p)) for r, f, a, p in zip(rows, feats, aux, prompts)]
+
+
+def _generate_in_chunks(model, ids: torch.Tensor, attn: torch.Tensor, max_steps: int, eos_ids: list[int], pad_id: int,
+                        feature_ids: tuple[int, ...], chunk_steps: int | None):  # fmt: skip
+    """Greedy `generate` of left-padded prompts (B, W) for up to `max_steps` tokens per row, stopping a row one
+    step after its EOS (`_EosFedBack`), in calls of `chunk_steps` steps; between calls the rows that stopped leave
+    the batch (`Cache.batch_select_indices`) and the others continue from the same cache (generate feeds only the
+    uncached last token). Returns sequences (B, W + n), right-padded with pad_id, and per row the `feature_ids`
+    states of every position it fed (W + n_b - 1, F)."""
+    width, eos = ids.shape[1], torch.tensor(eos_ids, device=ids.device)
+    rows = list(range(ids.shape[0]))  # the input row of each batch row
+    sequences, hidden = [None] * len(rows), [[] for _ in rows]
+    criteria = StoppingCriteriaList([_EosFedBack(eos_ids, width)])
+    cache, done_steps = None, 0
+    while True:
+        out = model.generate(ids, attention_mask=attn, cache=cache, do_sample=False,
+                             max_new_tokens=min(chunk_steps or max_steps, max_steps - done_steps), eos_token_id=None,
+                             pad_token_id=pad_id, return_dict_in_generate=True, stopping_criteria=criteria,
+                             output_hidden_states=hidden_states_request(feature_ids))  # fmt: skip
+        # (b, fed, F): this call's prefill (the uncached part), then the token each decode step fed
+        states = torch.cat([select_features(step, feature_ids) for step in out.hidden_states], dim=1)
+        for b, row in enumerate(rows):
+            hidden[row].append(states[b])
+        new = out.sequences.shape[1] - ids.shape[1]
+        done_steps += new
+        # a row stopped once its EOS was fed back: the answer's last token is fed at step done_steps
+        stopped = torch.isin(out.sequences[:, width : width + done_steps - 1], eos).any(-1).tolist()
+        finished = done_steps >= max_steps or all(stopped)
+        for b, row in enumerate(rows):
+            if stopped[b] or finished:
+                sequences[row] = out.sequences[b]
+        if finished:
+            break
+        keep = [b for b in range(len(rows)) if not stopped[b]]
+        cache = out.cache
+        if len(keep) < len(rows):
+            cache.batch_select_indices(torch.tensor(keep, device=ids.device))
+        attn = torch.cat([attn, attn.new_ones(attn.shape[0], new)], dim=1)[keep]
+        ids, rows = out.sequences[keep], [rows[b] for b in keep]
+    padded = torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=pad_id)
+    return padded, [torch.cat(parts) for parts in hidden]
 
 
 def answered_rows(sequences: torch.Tensor, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int]):
