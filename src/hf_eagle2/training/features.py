@@ -88,8 +88,10 @@ class _EosFedBack(StoppingCriteria):
 
 
 # decode steps per `generate` call of a self-distilled extraction: between calls, the rows whose answer ended leave
-# the batch and its cache. One call for the whole answer computes every row until the longest answer ends, ~29% of
-# a 64-row batch's decode slots on finished rows (`examples/extraction_cost.py` measures both ways).
+# the batch and its cache. One call for the whole answer computes every row until the longest answer ends: 28% of
+# a 64-row batch's decode slots on the archive's shards 60-99. On 2 cores (SmolLM2 bf16, 64 all-turn prompts,
+# `examples/extraction_cost.py`) 32 steps ran 1.25-1.28x faster than one call (16: slower, more calls; 48, 64: no
+# better)
 GENERATE_CHUNK_STEPS = 32
 
 
@@ -154,7 +156,7 @@ def _generate_in_chunks(model, ids: torch.Tensor, attn: torch.Tensor, max_steps:
             hidden[row].append(states[b])
         new = out.sequences.shape[1] - ids.shape[1]
         done_steps += new
-        # a row stopped once its EOS was fed back: the answer's last token is fed at step done_steps
+        # a row stopped once its EOS was fed back: decode step j + 1 feeds answer token j, so done_steps - 1 are fed
         stopped = torch.isin(out.sequences[:, width : width + done_steps - 1], eos).any(-1).tolist()
         finished = done_steps >= max_steps or all(stopped)
         for b, row in enumerate(rows):
