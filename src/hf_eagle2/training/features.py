@@ -89,9 +89,9 @@ class _EosFedBack(StoppingCriteria):
 
 # decode steps per `generate` call of a self-distilled extraction: between calls, the rows whose answer ended leave
 # the batch and its cache. One call for the whole answer computes every row until the longest answer ends: 28% of
-# a 64-row batch's decode slots on the archive's shards 60-99. On 2 cores (SmolLM2 bf16, 64 all-turn prompts,
-# `examples/extraction_cost.py`) 32 steps ran 1.25-1.28x faster than one call (16: slower, more calls; 48, 64: no
-# better)
+# a 64-row batch's decode slots on the archive's shards 60-99 (`examples/decode_slots.py`). On 2 cores (SmolLM2
+# bf16, 64 all-turn prompts, `examples/extraction_cost.py`) 32 steps ran 1.25-1.28x faster than one call (16:
+# slower, more calls; 48, 64: no better)
 GENERATE_CHUNK_STEPS = 32
 
 
