@@ -53,6 +53,13 @@ def chat_ids(tokenizer, text):
 TINY_VOCAB = 32
 
 
+def emulate_bf16(monkeypatch, native: bool):
+    """Makes this machine look like an x86 CPU with (native=True) or without AVX512-BF16 / AMX."""
+    monkeypatch.setattr("hf_eagle2.cpu_kernels.platform.machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+
+
 def tiny_model(family: str, seed: int = 0, vocab: int = TINY_VOCAB, dtype=torch.float32, **overrides):
     """A tiny random causal LM (sdpa; eager for Gemma2, whose attention soft-capping sdpa cannot do) of the given
     family; small vocab so random drafts often agree. Cohere, Granite and Gemma2 post-process their logits (scale,

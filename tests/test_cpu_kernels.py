@@ -6,11 +6,12 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_model
+from conftest import emulate_bf16, tiny_model
 from torch import nn
 
 from hf_eagle2 import Eagle3DraftModel, EagleDraftModel, optimize_for_cpu
-from hf_eagle2.cpu_kernels import NEVER, PackedLinear, fast_path_available, is_optimized, kernel_crossover, min_rows_of
+from hf_eagle2.cpu_kernels import (NEVER, PackedLinear, bf16_is_emulated, fast_path_available, is_optimized,
+                                   kernel_crossover, min_rows_of)
 
 pytestmark = pytest.mark.skipif(not fast_path_available(), reason="this torch build has no oneDNN")
 
@@ -89,3 +90,19 @@ def test_eagle3_head_follows_the_target_onto_fast_kernels():
     assert torch.equal(model.generate(ids, assistant_model=draft, tree="eagle2", do_sample=False, max_new_tokens=30),
                        model.generate(ids, do_sample=False, max_new_tokens=30))  # fmt: skip
     assert not is_optimized(draft)  # and back
+
+
+def test_loading_a_bf16_target_warns_where_the_cpu_emulates_bf16(smollm2, monkeypatch, recwarn):
+    from hf_eagle2.assets import load_model
+
+    emulate_bf16(monkeypatch, native=False)
+    assert bf16_is_emulated()
+    with pytest.warns(UserWarning, match="no AVX512-BF16 or AMX: bf16 is emulated"):
+        model, _ = load_model("smollm2", dtype="bfloat16")
+    assert model.dtype == torch.bfloat16  # a warning, not a refusal: the results are right, only slow
+    recwarn.clear()
+    load_model("smollm2", dtype="float32")
+    emulate_bf16(monkeypatch, native=True)
+    assert not bf16_is_emulated()
+    load_model("smollm2", dtype="bfloat16")
+    assert not [w for w in recwarn if "bf16 is emulated" in str(w.message)]

@@ -33,8 +33,6 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
     assert [t for _, ids, _ in tokens.shard(0) for t in ids] == first["input_ids"].tolist()
     assert [m for _, _, mask in tokens.shard(0) for m in mask] == first["loss_mask"].bool().tolist()
     assert sum(tokens.shard_tokens(i) for i in range(meta["shards"])) == tokens.tokens == meta["tokens"]
-    with pytest.raises(ValueError, match="rebuild with --dtype float32"):  # (a tiny bf16 target: the check comes first)
-        rebuild_features(tiny_model("llama").to(torch.bfloat16), archive, str(tmp_path / "wrong"), progress=False)
     with pytest.raises(ValueError, match="another target's tokens"):
         rebuild_features(tiny_model("llama"), archive, str(tmp_path / "wrong"), progress=False)
     rebuilt = str(tmp_path / "rebuilt")
@@ -57,6 +55,20 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
     assert grown["shards"] == also["shards"] > meta["shards"] and grown["tokens"] == also["tokens"]
     last_a, last_b = open_shard(shard_paths([original])[-1]), open_shard(shard_paths([rebuilt])[-1])
     assert torch.equal(last_a["input_ids"], last_b["input_ids"])
+    # features in another dtype than the answers' (fp32 where a CPU emulates bf16; here a bf16 stand-in target of
+    # SmolLM2's vocabulary, for speed): recorded, and a folder for training only
+    other_dtype = str(tmp_path / "other-dtype")
+    stand_in = tiny_model("llama", vocab=model.config.vocab_size, dtype=torch.bfloat16)
+    other_meta = rebuild_features(stand_in, archive, other_dtype, progress=False)
+    assert other_meta["dtype"] == "float32" and other_meta["feature_dtype"] == "bfloat16"
+    assert [open_shard(p)["input_ids"].tolist() for p in shard_paths([other_dtype])] == \
+        [open_shard(p)["input_ids"].tolist() for p in shard_paths([original])[: meta["shards"]]]  # fmt: skip
+    assert open_shard(shard_paths([other_dtype])[0])["features"].shape[-1] == stand_in.config.hidden_size
+    for target in (model, stand_in):  # new answers in either dtype would make the folder's dtypes disagree
+        with pytest.raises(ValueError, match="answers written in float32 and features rebuilt in bfloat16"):
+            extract_features(target, tokenizer, other_dtype, max_conversations=6, **kw)
+    with pytest.raises(ValueError, match="feature_dtype: 'bfloat16' -> 'float32'"):  # nor resumed in another dtype
+        rebuild_features(tiny_model("llama", vocab=model.config.vocab_size), archive, other_dtype, progress=False)
     # a folder of other settings is not mixed into
     np.savez_compressed(str(tmp_path / "other.npz"), **{k: v for k, v in np.load(archive).items() if k != "meta"},
                         meta=np.array(json.dumps(saved_meta | {"batch_size": 4})))  # fmt: skip

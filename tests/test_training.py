@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from conftest import emulate_bf16
 
 from hf_eagle2.cpu_kernels import fast_path_available, is_optimized, optimize_for_cpu
 from hf_eagle2.evaluation import SHAREGPT_PROMPT_CHARS, eval_head, load_prompts
@@ -173,6 +174,19 @@ def test_a_few_steps_reduce_the_loss(smollm2, real_features, tmp_path, autocast)
     with torch.no_grad():
         after, _ = eagle_loss(trainer.head, trainer.lm_weight, batch, 0.0, 0.1)
     assert after.item() < 0.9 * before.item()
+
+
+def test_bf16_autocast_warns_where_the_cpu_emulates_bf16(smollm2, real_features, tmp_path, monkeypatch, recwarn):
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 256)
+    emulate_bf16(monkeypatch, native=False)
+    with pytest.warns(UserWarning, match="training with autocast in bfloat16, but this CPU has no AVX512-BF16"):
+        Trainer(_config(tmp_path / "a", autocast="bfloat16"), model, data=data, progress=False)
+    recwarn.clear()
+    Trainer(_config(tmp_path / "b"), model, data=data, progress=False)
+    emulate_bf16(monkeypatch, native=True)
+    Trainer(_config(tmp_path / "c", autocast="bfloat16"), model, data=data, progress=False)
+    assert not [w for w in recwarn if "bf16 is emulated" in str(w.message)]
 
 
 def test_resume_reproduces_an_uninterrupted_run(smollm2, real_features, tmp_path):

@@ -59,7 +59,11 @@ def load_model(spec: str = "smollm2", dtype="float32", device_map=None, attn_imp
     """(model, tokenizer) for a spec (see module doc). The model is in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .cpu_kernels import warn_if_bf16_emulated
+
     torch_dtype = resolve_dtype(dtype)
+    if torch_dtype == torch.bfloat16 and device_map in (None, "cpu"):
+        warn_if_bf16_emulated(f"loading {spec}")
     gguf = resolve_gguf(spec)
     kwargs = dict(dtype=torch_dtype, attn_implementation=attn_implementation)
     if device_map is not None:

@@ -63,10 +63,10 @@ def cmd_export_tokens(args) -> None:
 
 def cmd_rebuild_features(args) -> None:
     from .assets import load_model
-    from .training.tokens import rebuild_features
+    from .training.tokens import read_tokens, rebuild_features
 
     _threads(args.threads)
-    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    model, tokenizer = load_model(args.model, dtype=args.dtype or read_tokens(args.tokens).meta.get("dtype", "float32"))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # as extract pads
     print(json.dumps(rebuild_features(model, args.tokens, args.out, pad_id=pad_id, eagle3=args.eagle3), indent=2))
 
@@ -279,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", required=True, help="a .npz written by export-tokens")
     p.add_argument("--out", required=True)
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--dtype", default="float32", help="the dtype the answers were written in (the .npz records it)")
+    p.add_argument("--dtype", default=None, help="the target's dtype for the features (default: the one that wrote "
+                                                 "the answers, which the .npz records; float32 where bf16 is emulated, "
+                                                 "but then extract cannot extend the folder)")  # fmt: skip
     p.add_argument("--eagle3", action=argparse.BooleanOptionalAction, default=None,
                    help="store the three layers an EAGLE-3 head reads (default: as the exported folder did)")
     p.add_argument("--threads", type=int, default=None)

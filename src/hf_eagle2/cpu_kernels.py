@@ -23,6 +23,7 @@ import os
 import platform
 import statistics
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,24 @@ from torch import nn
 
 FAST_DTYPES = (torch.float32, torch.bfloat16)
 NEVER = 1 << 62  # min_rows meaning "always use F.linear"
+
+
+def bf16_is_emulated() -> bool:
+    """True on an x86 CPU without AVX512-BF16 or AMX, where bf16 matmuls run through conversions to fp32: a
+    SmolLM2 forward (8 x 512 tokens, 2 threads) took 4.5x as long in bf16 as in fp32 on a Zen 3 EPYC (55 against
+    246 tokens/s). False where the CPU has either, or where torch cannot tell (other architectures)."""
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if platform.machine().lower() not in ("x86_64", "amd64") or None in probes:
+        return False
+    return not any(probe() for probe in probes)
+
+
+def warn_if_bf16_emulated(what: str) -> None:
+    """A warning (not an error: the results are right, only slow) when `what` is to run in bf16 on such a CPU."""
+    if bf16_is_emulated():
+        warnings.warn(f"{what} in bfloat16, but this CPU has no AVX512-BF16 or AMX: bf16 is emulated and runs "
+                      "several times slower than float32 here (4.5x for SmolLM2's forward on a Zen 3 EPYC)",
+                      stacklevel=3)  # fmt: skip
 
 
 def fast_path_available() -> bool:

@@ -316,13 +316,20 @@ def extract_features(
     # what the shards are a function of: a folder resumes only with the same (shard i holds batch i of the work list)
     meta = {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
             "max_prompt_tokens": max_prompt_tokens, "max_seq_tokens": max_seq_tokens, "batch_size": batch_size,
-            "dtype": str(model.dtype).removeprefix("torch."), "hidden_size": None, "aux_layers": list(aux_layers)}  # fmt: skip
+            "dtype": str(model.dtype).removeprefix("torch."), "hidden_size": None, "aux_layers": list(aux_layers),
+            "feature_dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
+    # (dtype: the answers'; feature_dtype: the features', another one only in a folder rebuilt in another dtype)
     meta_path = os.path.join(out_dir, "meta.json")
     done = shard_paths([out_dir])
     if done and os.path.exists(meta_path):
         with open(meta_path) as f:
             saved = json.load(f)
         changed = setting_changes(saved, meta, skip=("hidden_size",))
+        if saved.get("feature_dtype", saved.get("dtype")) != saved.get("dtype"):
+            raise ValueError(f"{out_dir} holds answers written in {saved.get('dtype')} and features rebuilt in "
+                             f"{saved['feature_dtype']}: new shards would hold one dtype for both; extend the "
+                             f"{saved.get('dtype')} folder the answers came from (or rebuild it from the archive in "
+                             f"{saved.get('dtype')}), export its tokens and rebuild")  # fmt: skip
         if changed:
             raise ValueError(f"{out_dir} holds shards extracted with other settings ({'; '.join(changed)}): resume "
                              "with the same ones, or extract into another folder")  # fmt: skip

@@ -6,7 +6,8 @@ its bytes (SmolLM2: 0.66 bytes per token compressed, against 1.2 kB of features,
 `export_tokens` keeps them (ids, loss masks, the shard each sequence is in, its id and the folder's meta.json)
 in one compressed `.npz` that can travel with the code, and `rebuild_features`
 runs only the forward again, shard by shard, into a folder that `extract` then treats as its own: same
-meta.json, shard i holding batch i of the same work list, so `extract --max-tokens` extends it with new answers.
+meta.json, shard i holding batch i of the same work list, so `extract --max-tokens` extends it with new answers
+(when the rebuild ran in the answers' dtype; a folder rebuilt in another is for training only).
 
 Rebuilt shards hold the original tokens, masks and boundaries; their features equal the extracted ones to float
 rounding (extraction records them from generate's prefill and decode steps, the rebuild from teacher-forced
@@ -125,20 +126,21 @@ def read_tokens(path: str) -> TokenArchive:
 def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3: bool | None = None,
                      progress: bool = True) -> dict:  # fmt: skip
     """Features of the archive's sequences under `model`, written to `out_dir` shard by shard (resumable: existing
-    shards are kept). The target must run in the dtype the answers were written in (the folder's meta records
-    one dtype for both); `eagle3` (default: as the archive's folder) also stores the three layers an EAGLE-3 head
-    reads. Returns the folder's meta.json."""
+    shards are kept). `eagle3` (default: as the archive's folder) also stores the three layers an EAGLE-3 head
+    reads. Returns the folder's meta.json.
+
+    The target may run in another dtype than the one that wrote the answers (meta `dtype`), e.g. float32 on a CPU
+    without native bf16, where a bf16 forward is ~4.5x slower: the meta then records it as `feature_dtype`, and
+    `extract` refuses to extend that folder (its new answers and features would be of one dtype, its old ones not;
+    extend the folder of the answers' dtype, export it and rebuild)."""
     archive = read_tokens(path)
     meta = archive.meta
     dtype = str(model.dtype).removeprefix("torch.")
-    if meta.get("dtype") != dtype:
-        raise ValueError(f"{path} holds answers the target wrote in {meta.get('dtype')}, but the target runs in "
-                         f"{dtype}: rebuild with --dtype {meta.get('dtype')} (a folder records one dtype for both)")  # fmt: skip
     vocab = model.get_output_embeddings().weight.shape[0]
     if archive.input_ids.max(initial=0) >= vocab:
         raise ValueError(f"{path} holds token ids outside this target's vocabulary ({vocab}): another target's tokens")
     aux_layers = aux_layer_ids(model) if (bool(meta.get("aux_layers")) if eagle3 is None else eagle3) else ()
-    meta = meta | {"aux_layers": list(aux_layers)}
+    meta = meta | {"aux_layers": list(aux_layers), "feature_dtype": dtype}
     meta.pop("sequences_reached", None)  # where a budgeted run stopped in the work list: not known for a rebuild
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, "meta.json")

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..cpu_kernels import warn_if_bf16_emulated
 from ..modeling_eagle import EagleDraftModel
 from ..modeling_eagle3 import Eagle3DraftModel
 from .features import aux_layer_ids, open_shard, pack_by_length, setting_changes, shard_paths, shard_spans
@@ -91,7 +92,8 @@ class TrainConfig:
     snapshot_every_tokens: int | None = None  # also keep head snapshots (for τ-vs-tokens curves)
     threads: int | None = None
     autocast: str | None = None  # "bfloat16": the training step's matmuls in bf16 (fp32 weights, optimizer,
-    # soft labels and evaluation); on this 2-core Xeon (AMX) 1.78x the tokens/s of an EAGLE-2 step, 1.54x of EAGLE-3
+    # soft labels and evaluation); on a 2-core Xeon (AMX) 1.78x the tokens/s of an EAGLE-2 step, 1.54x of EAGLE-3;
+    # slower than float32 on CPUs that emulate bf16 (no AVX512-BF16 or AMX: the Trainer warns there)
     init: str | None = None  # a head (folder or Hub id) to start from instead of a random one; its draft
     # vocabulary is kept, so draft_vocab_size must match it
     lm_head_init: str | None = None  # a new EAGLE-3 head's own lm_head: "target" (default) starts it as the
@@ -289,6 +291,8 @@ class Trainer:
         self.progress = progress
         if config.threads:
             torch.set_num_threads(config.threads)
+        if config.autocast == "bfloat16" and target_model.device.type == "cpu":
+            warn_if_bf16_emulated("training with autocast")
         eagle3 = config.head == "eagle3"
         self.data = data or FeatureSet.load(config.data, config.max_seq_len, aux=eagle3)
         self.val = val_data if val_data is not None else (
