@@ -36,7 +36,8 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
     with pytest.raises(ValueError, match="another target's tokens"):
         rebuild_features(tiny_model("llama"), archive, str(tmp_path / "wrong"), progress=False)
     rebuilt = str(tmp_path / "rebuilt")
-    main(["rebuild-features", "--tokens", archive, "--out", rebuilt])  # the CLI path; the shipped model is fp32
+    main(["rebuild-features", "--tokens", archive, "--out", rebuilt, "--shards", "1-"])  # the CLI path (fp32: the
+    main(["rebuild-features", "--tokens", archive, "--out", rebuilt, "--shards", "0-0"])  # archive's), in two ranges
     for a, b in zip(shard_paths([original]), shard_paths([rebuilt]), strict=True):
         ta, tb = open_shard(a), open_shard(b)
         assert ta.keys() == tb.keys() and "aux_features" in ta
@@ -69,6 +70,17 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
             extract_features(target, tokenizer, other_dtype, max_conversations=6, **kw)
     with pytest.raises(ValueError, match="feature_dtype: 'bfloat16' -> 'float32'"):  # nor resumed in another dtype
         rebuild_features(tiny_model("llama", vocab=model.config.vocab_size), archive, other_dtype, progress=False)
+    # a range of shards (the answers a head has not seen yet), then another range into the same folder
+    part = str(tmp_path / "part")
+    last = meta["shards"] - 1
+    part_meta = rebuild_features(stand_in, archive, part, shards=range(last, last + 1), progress=False)
+    assert [os.path.basename(p) for p in shard_paths([part])] == [f"shard_{last:05d}.safetensors"]
+    assert (part_meta["shards"], part_meta["tokens"]) == (1, tokens.shard_tokens(last))
+    assert torch.equal(open_shard(shard_paths([part])[0])["features"], open_shard(shard_paths([other_dtype])[last])["features"])
+    part_meta = rebuild_features(stand_in, archive, part, shards=range(0, 1), progress=False)
+    assert (part_meta["shards"], part_meta["tokens"]) == (2, tokens.shard_tokens(0) + tokens.shard_tokens(last))
+    with pytest.raises(ValueError, match=f"the archive holds shards 0-{last}"):
+        rebuild_features(stand_in, archive, part, shards=range(last, last + 2), progress=False)
     # a folder of other settings is not mixed into
     np.savez_compressed(str(tmp_path / "other.npz"), **{k: v for k, v in np.load(archive).items() if k != "meta"},
                         meta=np.array(json.dumps(saved_meta | {"batch_size": 4})))  # fmt: skip

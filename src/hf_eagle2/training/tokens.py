@@ -124,10 +124,12 @@ def read_tokens(path: str) -> TokenArchive:
 
 
 def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3: bool | None = None,
-                     progress: bool = True) -> dict:  # fmt: skip
+                     shards: range | None = None, progress: bool = True) -> dict:  # fmt: skip
     """Features of the archive's sequences under `model`, written to `out_dir` shard by shard (resumable: existing
     shards are kept). `eagle3` (default: as the archive's folder) also stores the three layers an EAGLE-3 head
-    reads. Returns the folder's meta.json.
+    reads; `shards` (default: all) rebuilds only those shard indices, e.g. the answers a head has not been trained
+    on yet (a later call with another range fills in more of the same folder; meta `tokens` and `shards` count
+    the shards present). Returns the folder's meta.json.
 
     The target may run in another dtype than the one that wrote the answers (meta `dtype`), e.g. float32 on a CPU
     without native bf16, where a bf16 forward is ~4.5x slower: the meta then records it as `feature_dtype`, and
@@ -149,9 +151,13 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
             changed = setting_changes(json.load(f), meta, skip=("tokens", "shards", "hidden_size"))
         if changed:
             raise ValueError(f"{out_dir} holds shards made with other settings ({'; '.join(changed)})")
-    done = 0
-    bar = tqdm(total=archive.tokens, unit="tok", desc="rebuild features", disable=not progress)
-    for index in range(len(archive.shard_sequences)):
+    every = range(len(archive.shard_sequences))
+    if shards is not None and (not shards or shards[0] not in every or shards[-1] not in every):
+        raise ValueError(f"shards {shards.start}-{shards.stop - 1}: the archive holds shards 0-{every.stop - 1}")
+    todo = every if shards is None else shards
+    bar = tqdm(total=sum(archive.shard_tokens(i) for i in todo), unit="tok", desc="rebuild features",
+               disable=not progress)  # fmt: skip
+    for index in todo:
         out = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
         size = archive.shard_tokens(index)
         if not os.path.exists(out):
@@ -161,9 +167,9 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
                              None if a is None else a.half()) for s, f, a in zip(shard, feats, aux)]  # fmt: skip
             meta["hidden_size"] = seqs[0].features.shape[-1]
             write_shard(out, seqs, ids=[s[0] for s in shard])
-        done += size
         bar.update(size)
-        meta.update(tokens=done, shards=index + 1)
+        present = [i for i in every if os.path.exists(os.path.join(out_dir, f"shard_{i:05d}.safetensors"))]
+        meta.update(tokens=sum(archive.shard_tokens(i) for i in present), shards=len(present))
         with open(meta_path + ".tmp", "w") as f:
             json.dump(meta, f, indent=2)
         os.replace(meta_path + ".tmp", meta_path)
