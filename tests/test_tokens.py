@@ -37,7 +37,7 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
         rebuild_features(tiny_model("llama"), archive, str(tmp_path / "wrong"), progress=False)
     rebuilt = str(tmp_path / "rebuilt")
     main(["rebuild-features", "--tokens", archive, "--out", rebuilt, "--shards", "1-"])  # the CLI path (fp32: the
-    main(["rebuild-features", "--tokens", archive, "--out", rebuilt, "--shards", "0-0"])  # archive's), in two ranges
+    main(["rebuild-features", "--tokens", archive, "--out", rebuilt, "--shards", "0"])  # archive's), in two ranges
     for a, b in zip(shard_paths([original]), shard_paths([rebuilt]), strict=True):
         ta, tb = open_shard(a), open_shard(b)
         assert ta.keys() == tb.keys() and "aux_features" in ta
@@ -91,3 +91,13 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
 def test_export_needs_an_extracted_folder(tmp_path):
     with pytest.raises(ValueError, match="no extracted shards"):
         export_tokens(str(tmp_path), str(tmp_path / "x.npz"))
+
+
+def test_shard_ranges_parse_or_are_refused(capsys):
+    from hf_eagle2.cli import build_parser
+
+    parse = lambda text: build_parser().parse_args(["rebuild-features", "--tokens", "x.npz", "--out", "y", "--shards", text]).shards  # noqa: E731
+    assert (parse("117-173"), parse("117-"), parse("5")) == ((117, 173), (117, None), (5, 5))
+    with pytest.raises(SystemExit):
+        parse("a-3")
+    assert "'a-3': shards are 'A-B' (inclusive), 'A-' (to the last) or 'A'" in capsys.readouterr().err

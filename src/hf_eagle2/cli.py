@@ -69,11 +69,20 @@ def cmd_rebuild_features(args) -> None:
     model, tokenizer = load_model(args.model, dtype=args.dtype or read_tokens(args.tokens).meta.get("dtype", "float32"))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # as extract pads
     shards = None
-    if args.shards:  # "A-B" (inclusive) or "A-" (to the last)
-        first, _, last = args.shards.partition("-")
-        shards = range(int(first), int(last) + 1 if last else len(read_tokens(args.tokens).shard_sequences))
+    if args.shards:
+        first, last = args.shards
+        shards = range(first, len(read_tokens(args.tokens).shard_sequences) if last is None else last + 1)
     meta = rebuild_features(model, args.tokens, args.out, pad_id=pad_id, eagle3=args.eagle3, shards=shards)
     print(json.dumps(meta, indent=2))
+
+
+def shard_range(text: str) -> tuple[int, int | None]:
+    """argparse type of --shards: "A-B" -> (A, B) inclusive, "A-" -> (A, None) (to the last), "A" -> (A, A)."""
+    first, dash, last = text.partition("-")
+    try:
+        return int(first), (int(last) if last else None) if dash else int(first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: shards are 'A-B' (inclusive), 'A-' (to the last) or 'A'") from None
 
 
 def cmd_train(args) -> None:
@@ -289,8 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "but then extract cannot extend the folder)")  # fmt: skip
     p.add_argument("--eagle3", action=argparse.BooleanOptionalAction, default=None,
                    help="store the three layers an EAGLE-3 head reads (default: as the exported folder did)")
-    p.add_argument("--shards", default=None, help="only these shards, 'A-B' (inclusive) or 'A-' (to the last): e.g. "
-                                                  "the answers a head was not trained on yet")  # fmt: skip
+    p.add_argument("--shards", type=shard_range, default=None, help="only these shards, 'A-B' (inclusive), 'A-' (to "
+                                                                    "the last) or 'A': e.g. the answers a head has "
+                                                                    "not been trained on yet")  # fmt: skip
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_rebuild_features)
 

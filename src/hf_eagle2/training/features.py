@@ -318,7 +318,8 @@ def extract_features(
             "max_prompt_tokens": max_prompt_tokens, "max_seq_tokens": max_seq_tokens, "batch_size": batch_size,
             "dtype": str(model.dtype).removeprefix("torch."), "hidden_size": None, "aux_layers": list(aux_layers),
             "feature_dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
-    # (dtype: the answers'; feature_dtype: the features', another one only in a folder rebuilt in another dtype)
+    # (dtype: the target's when it wrote the answers; feature_dtype: when it computed the features, stored as fp16
+    # either way; the two differ only in a folder rebuilt in another dtype, see rebuild_features)
     meta_path = os.path.join(out_dir, "meta.json")
     done = shard_paths([out_dir])
     if done and os.path.exists(meta_path):
