@@ -11,7 +11,7 @@ from torch import nn
 
 from hf_eagle2 import Eagle3DraftModel, EagleDraftModel, optimize_for_cpu
 from hf_eagle2.cpu_kernels import (NEVER, PackedLinear, bf16_is_emulated, fast_path_available, is_optimized,
-                                   kernel_crossover, min_rows_of)
+                                   kernel_crossover, min_rows_of, packable)
 
 pytestmark = pytest.mark.skipif(not fast_path_available(), reason="this torch build has no oneDNN")
 
@@ -29,6 +29,23 @@ def test_packed_linear_matches_f_linear(dtype, rows):
         out = lin(x)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out, ref.detach(), atol=tol, rtol=tol)
+    # the packed kernel ran where this CPU can pack the dtype (bf16 needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)
+    assert (lin.__dict__["_packed_weight"]._packed is not None) == packable(dtype)
+    assert packable(torch.float32)
+
+
+def test_bf16_stays_on_f_linear_where_onednn_cannot_pack_it(monkeypatch):
+    """A Zen 3 EPYC (AVX2) has no bf16 reorder: optimize_for_cpu must not measure or call it there."""
+    monkeypatch.setattr("hf_eagle2.cpu_kernels.packable", lambda dtype: dtype == torch.float32)
+    monkeypatch.setattr("hf_eagle2.cpu_kernels.kernel_crossover", lambda dtype, shapes: 1)
+    mixed = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 32).to(torch.bfloat16))
+    optimize_for_cpu(mixed)
+    assert min_rows_of(mixed) == {torch.float32: 1, torch.bfloat16: NEVER}
+    x = torch.randn(3, 96, dtype=torch.bfloat16)
+    for module in (mixed[1], optimize_for_cpu(nn.Linear(96, 32).to(torch.bfloat16), min_rows={torch.bfloat16: 1})):
+        with torch.no_grad():  # even when told to pack from one row: F.linear, bit for bit
+            assert torch.equal(module(x), F.linear(x, module.weight, module.bias))
+        assert module.__dict__["_packed_weight"]._packed is None
 
 
 def test_switch_copy_weight_update_and_autograd():

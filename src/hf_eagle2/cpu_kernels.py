@@ -13,11 +13,12 @@ The switch swaps the class of each linear to `PackedLinear` (a subclass: `isinst
 state dict and parameters are untouched), so plain `generate` on the same model object gets the same kernels and
 plain and speculative decoding are compared on equal terms. The packed copy is rebuilt when the weight changes
 (in place or by assignment) and is never saved or deep-copied. What the fast path cannot do exactly (autograd,
-non-CPU tensors, dtypes other than fp32/bf16) falls back to `F.linear`.
+non-CPU tensors, dtypes other than fp32/bf16, bf16 on a CPU whose oneDNN cannot pack it) falls back to `F.linear`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -55,6 +56,19 @@ def fast_path_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@functools.cache
+def packable(dtype: torch.dtype) -> bool:
+    """Whether oneDNN can prepack a weight of `dtype` on this CPU. bf16 needs AVX512-BW/VL/DQ or AVX-NE-CONVERT:
+    elsewhere (e.g. a Zen 3 EPYC, AVX2 only) `_reorder_linear_weight` raises, and such linears stay on F.linear."""
+    if dtype not in FAST_DTYPES or not fast_path_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), None)
+    except RuntimeError:
+        return False
+    return True
+
+
 class PackedWeight:
     """A weight (N, K) reordered for oneDNN, rebuilt when the source tensor changes."""
 
@@ -82,7 +96,7 @@ def packed_linear(
         x.numel() < min_rows * x.shape[-1]
         or x.device.type != "cpu"
         or x.dtype != weight.dtype
-        or weight.dtype not in FAST_DTYPES
+        or not packable(weight.dtype)
         or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
     ):
         return F.linear(x, weight, bias)
@@ -132,7 +146,7 @@ def optimize_for_cpu(model: nn.Module, enable: bool = True, min_rows: dict | Non
     if min_rows is None:
         dtypes = {m.weight.dtype for m in cpu if m.weight.dtype in FAST_DTYPES}
         shapes = sorted({tuple(m.weight.shape) for m in cpu})
-        min_rows = {dtype: kernel_crossover(dtype, shapes) for dtype in dtypes}
+        min_rows = {dtype: kernel_crossover(dtype, shapes) if packable(dtype) else NEVER for dtype in dtypes}
     for module in cpu:
         module.__class__ = PackedLinear
         module.__dict__["_min_rows"] = dict(min_rows)
