@@ -218,6 +218,12 @@ def test_card_of_a_head_trained_in_stages(tmp_path):
     assert "each `--init` names the folder the previous stage wrote" in text and "| 3 | " in text and "| 200 |" in text
     assert "10 new tokens" not in text and "256 new tokens, fast CPU kernels; tokens seen include" in text
     assert "Started from" not in text  # stage 1 started from scratch
+    size = RESULTS["training"]["config"]["draft_vocab_size"]
+    assert f"Draft vocabulary: {size} most frequent target tokens of the training data" in text
+    grew = summary | {"config": summary["config"] | {"draft_vocab_size": size + 512, "grow_vocab": True}}
+    assert (f"Draft vocabulary: the {size:,} most frequent target tokens of the first stage's data, grown to "
+            f"{size + 512:,} with the most frequent ones of a later stage's data it lacked") in render_card(
+        RESULTS | {"training": grew})  # fmt: skip
     ev = json.loads(curve[0].read_text()) | {"kernels": "stock"}
     curve[0].write_text(json.dumps(ev))
     with pytest.raises(ValueError, match="other settings"):

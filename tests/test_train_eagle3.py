@@ -15,7 +15,7 @@ from hf_eagle2.training.features import (
     iter_shards,
     turn_prompts,
 )
-from hf_eagle2.training.train import FeatureSet, TrainConfig, Trainer, eagle_loss
+from hf_eagle2.training.train import FeatureSet, TrainConfig, Trainer, eagle_loss, token_frequencies
 
 LAYERS = 8
 
@@ -162,6 +162,56 @@ def test_a_new_eagle3_head_starts_from_the_targets_lm_head(target, tmp_path):
     with pytest.raises(ValueError, match="keeps that head's lm_head"):
         TrainConfig(data=[], out=str(tmp_path), head="eagle3", init="some/head", lm_head_init="random")
     assert TrainConfig(data=[], out=str(tmp_path), head="eagle3", init="some/head").lm_head_init is None
+
+
+def test_a_trained_eagle3_heads_vocabulary_grows_with_its_trained_rows(target, tmp_path):
+    """grow_vocab: a head trained with a small draft vocabulary continues with the next data's most frequent
+    tokens it lacks added; its trained lm_head rows stay, new rows start as the target's, d2t / t2d / the soft
+    labels follow, and the grown head saves, loads and decodes losslessly."""
+    data = tiny_features(target, n=16, new=16)
+    lm_head = target.get_output_embeddings().weight.detach()
+    small = dict(data=[], head="eagle3", lr=3e-3, warmup_steps=2, batch_tokens=512, save_every=10**9, eval_every=10**9)
+    first = Trainer(TrainConfig(out=str(tmp_path / "a"), draft_vocab_size=12, max_steps=4, **small), target, data=data,
+                    progress=False)  # fmt: skip
+    first.run(resume=False)
+    first.save_head(str(tmp_path / "head"))
+    old_ids, old_rows = first.head.to_target_ids(torch.arange(12)), first.head.lm_head.weight.detach().clone()
+    config = TrainConfig(out=str(tmp_path / "b"), draft_vocab_size=20, max_steps=3, init=str(tmp_path / "head"),
+                         grow_vocab=True, **small)  # fmt: skip
+    grown = Trainer(config, target, data=data, progress=False)
+    ids = grown.head.to_target_ids(torch.arange(20))
+    assert grown.head.draft_vocab_size == 20 and bool((ids[1:] > ids[:-1]).all())
+    assert int(grown.head.t2d.sum()) == 20 and bool(grown.head.t2d[ids].all())
+    kept = torch.isin(ids, old_ids)
+    assert int(kept.sum()) == 12
+    added = ids[~kept]
+    counts = token_frequencies(data, target.config.vocab_size)
+    lacked = torch.ones_like(counts, dtype=torch.bool)
+    lacked[old_ids] = False
+    lacked[added] = False
+    assert int(counts[added].min()) >= int(counts[lacked].max())  # the most frequent tokens the head lacked
+    torch.testing.assert_close(grown.head.lm_head.weight[kept], old_rows, rtol=0, atol=0)
+    torch.testing.assert_close(grown.head.lm_head.weight[~kept], lm_head[added].float(), rtol=0, atol=0)
+    torch.testing.assert_close(grown.lm_weight, lm_head[ids].float(), rtol=0, atol=0)  # soft labels over the new ids
+    torch.testing.assert_close(grown.head.fc.weight, first.head.fc.weight, rtol=0, atol=0)
+    grown.run(resume=False)
+    grown.save_head(str(tmp_path / "grown"))
+    loaded = EagleDraftModel.from_pretrained(str(tmp_path / "grown"))
+    assert torch.equal(loaded.to_target_ids(torch.arange(20)), ids)
+    prompt = torch.randint(3, 32, (1, 5), generator=torch.Generator().manual_seed(5))
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=20, eos_token_id=None)
+    for tree in ("eagle2", "chain"):
+        out = target.generate(prompt, do_sample=False, max_new_tokens=20, eos_token_id=None, assistant_model=loaded,
+                              tree=tree)  # fmt: skip
+        assert torch.equal(out, plain), tree
+    assert Trainer(config, target, data=data, progress=False).load_checkpoint()  # the grown run resumes
+    with pytest.raises(ValueError, match="larger draft_vocab_size"):
+        Trainer(TrainConfig(out=str(tmp_path / "c"), draft_vocab_size=12, init=str(tmp_path / "head"), grow_vocab=True,
+                            **small), target, data=data, progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="needs init"):
+        TrainConfig(out=str(tmp_path / "c"), draft_vocab_size=20, grow_vocab=True, **small)
+    with pytest.raises(ValueError, match="already"):
+        loaded.grow_draft_vocab(ids[:1], lm_head)
 
 
 def test_self_distilled_rows_leave_the_batch_once_their_answer_ends(target, monkeypatch):

@@ -252,6 +252,22 @@ def test_init_starts_a_new_run_from_a_trained_head(smollm2, real_features, tmp_p
         Trainer(_config(tmp_path / "e", init=str(tmp_path / "head"), head="eagle3"), model, data=data)
 
 
+def test_grow_vocab_adds_the_new_datas_frequent_tokens_to_an_eagle2_heads_vocabulary(smollm2, real_features, tmp_path):
+    """An EAGLE-1/2 head borrows the target's lm_head: growing its vocabulary only adds ids (and soft-label rows)."""
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 256)
+    first = Trainer(_config(tmp_path / "a", max_steps=1, draft_vocab_size=1024), model, data=data, progress=False)
+    first.run(resume=False)
+    first.save_head(str(tmp_path / "head"))
+    grown = Trainer(_config(tmp_path / "b", max_steps=1, draft_vocab_size=1536, init=str(tmp_path / "head"),
+                            grow_vocab=True), model, data=data, progress=False)  # fmt: skip
+    ids = grown.head.to_target_ids(torch.arange(1536))
+    assert bool(torch.isin(first.head.d2t, ids).all()) and ids.unique().numel() == 1536
+    torch.testing.assert_close(grown.lm_weight, model.get_output_embeddings().weight[ids].float(), rtol=0, atol=0)
+    for (name, a), (_, b) in zip(first.head.state_dict().items(), grown.head.state_dict().items()):
+        assert name == "d2t" or torch.equal(a, b), name
+
+
 def test_heads_trained_from_heads_carry_their_lineage(smollm2, real_features, tmp_path):
     """A head trained with `init` records the runs behind it (nearest first) and the tokens they saw in all; its
     snapshots count them too, so a τ-vs-tokens curve across stages is on one axis."""

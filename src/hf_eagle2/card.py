@@ -188,8 +188,8 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
         "",
         f"- Architecture: {_architecture(eagle3, cfg, stages[0].get('config', {}))} "
         f"{train.get('head_parameters', 0):,} parameters.",
-        f"- Draft vocabulary: {cfg.get('draft_vocab_size') or 'full'} most frequent target tokens of the training "
-        "data (the head proposes only these; verification uses the full vocabulary).",
+        f"- Draft vocabulary: {_draft_vocab(stages)} (the head proposes only these; verification uses the full "
+        "vocabulary).",
         f"- Data: {results.get('data_description', 'ShareGPT')}.",
         f"- Tokens: {train.get('train_tokens', 0):,} per epoch ({train.get('train_sequences', 0):,} sequences); "
         f"{train.get('tokens_seen', 0):,} tokens seen over {_fmt(train.get('epochs'))} epochs"
@@ -253,6 +253,19 @@ def chain_stage_commands(commands: list[str]) -> list[str]:
 
 def _flag(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args[:-1] else None
+
+
+def _draft_vocab(stages: list[dict]) -> str:
+    """Where the draft vocabulary came from: one stage's most frequent tokens, or grown by later stages'."""
+    sizes = [st.get("config", {}).get("draft_vocab_size") for st in stages]
+    grown = [size for st, size in zip(stages, sizes) if st.get("config", {}).get("grow_vocab")]
+    if not sizes[-1]:
+        return "the full target vocabulary"
+    if not grown:  # (the wording of the cards shipped before vocabularies grew)
+        return f"{sizes[-1]} most frequent target tokens of the training data"
+    first = next(size for size in sizes if size)  # summaries from before configs were kept name none
+    return f"the {first:,} most frequent target tokens of the first stage's data" + "".join(
+        f", grown to {size:,} with the most frequent ones of a later stage's data it lacked" for size in grown)
 
 
 def _architecture(eagle3: bool, cfg: dict, first_cfg: dict) -> str:

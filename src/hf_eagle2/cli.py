@@ -99,7 +99,7 @@ def cmd_train(args) -> None:
         noise_std=args.noise_std,
         seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, max_steps=args.max_steps,
         snapshot_every_tokens=args.snapshot_every_tokens, unroll=args.unroll, head=args.head, autocast=args.autocast,
-        init=args.init, lm_head_init=args.lm_head_init,
+        init=args.init, lm_head_init=args.lm_head_init, grow_vocab=args.grow_vocab,
     )  # fmt: skip
     trainer = Trainer(config, model)
     print(f"train: {trainer.data.num_sequences} sequences, {trainer.data.num_tokens} tokens, "
@@ -335,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", default=None,
                    help="start from this trained head (folder or Hub id; its draft vocabulary is kept) instead of a "
                         "random one: more data, a training-time-test phase, or fine-tuning an official head")
+    p.add_argument("--grow-vocab", action="store_true",
+                   help="with --init: grow the head's draft vocabulary to --draft-vocab-size with the most frequent "
+                        "assistant tokens of --data it lacks (trained rows kept; new EAGLE-3 lm_head rows start as "
+                        "the target's)")
     p.add_argument("--lm-head-init", choices=["target", "random"], default=None,
                    help="a new EAGLE-3 head's own lm_head: start from the target's rows of the draft vocabulary "
                         "(default) or at random")

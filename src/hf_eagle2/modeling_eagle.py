@@ -177,6 +177,20 @@ class _TargetBinding:
     min_rows: int = 1
 
 
+def _merged_vocab(current: torch.LongTensor, added: torch.LongTensor, vocab_size: int):
+    """(sorted union of the target ids `current` (N,) and `added` (K,), order (N + K,)): entry j of the union is
+    entry order[j] of cat(current, added). `added` must be new, distinct ids in [0, vocab_size)."""
+    added = torch.as_tensor(added, dtype=torch.long, device=current.device).flatten()
+    if added.numel() == 0:
+        raise ValueError("no tokens to add to the draft vocabulary")
+    if int(added.min()) < 0 or int(added.max()) >= vocab_size or added.unique().numel() != added.numel():
+        raise ValueError(f"tokens added to the draft vocabulary must be distinct ids in [0, {vocab_size})")
+    if bool(torch.isin(added, current).any()):
+        raise ValueError("tokens added to the draft vocabulary must not be in it already")
+    merged, order = torch.sort(torch.cat([current, added]))
+    return merged, order
+
+
 class EagleDraftModel(PreTrainedModel):
     """EAGLE-1/2 draft head. Load with `from_pretrained`, or make a fresh one with `from_target`."""
 
@@ -219,6 +233,15 @@ class EagleDraftModel(PreTrainedModel):
             self.config.draft_vocab_size = token_ids.numel()
         self._binding = None  # the borrowed lm_head rows change: bind again
         return self
+
+    def grow_draft_vocab(self, token_ids: torch.LongTensor, target_lm_head: torch.Tensor) -> "EagleDraftModel":
+        """Adds the target tokens `token_ids` (K,) to a reduced draft vocabulary (continued training on data
+        whose frequent tokens it lacks). This head scores with the target's own lm_head, so only the ids change;
+        `target_lm_head` (V, H) is for heads with their own (EAGLE-3). Kept in increasing target-id order."""
+        if self.d2t is None:
+            raise ValueError("this head drafts over the full vocabulary: there is nothing to grow")
+        return self.set_draft_vocab(_merged_vocab(self.to_target_ids(torch.arange(self.draft_vocab_size)), token_ids,
+                                                  self.config.vocab_size)[0])  # fmt: skip
 
     def bind(self, target: PreTrainedModel) -> "EagleDraftModel":
         """Borrow `target`'s input embeddings and lm_head; moves the head to the lm_head's device and dtype.

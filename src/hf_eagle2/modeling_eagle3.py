@@ -49,7 +49,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from .configuration_eagle import Eagle3Config
 from .cpu_kernels import is_optimized
 from .head_formats import save_head
-from .modeling_eagle import EagleAttention, EagleDraftModel, HeadKV, KVCache, _TargetBinding
+from .modeling_eagle import EagleAttention, EagleDraftModel, HeadKV, KVCache, _merged_vocab, _TargetBinding
 
 
 def official_feature_ids(num_layers: int) -> tuple[int, ...]:
@@ -128,6 +128,26 @@ class Eagle3DraftModel(EagleDraftModel):
         raise NotImplementedError(
             "an EAGLE-3 head scores its draft vocabulary with its own trained lm_head: it cannot be changed"
         )
+
+    def grow_draft_vocab(self, token_ids: torch.LongTensor, target_lm_head: torch.Tensor) -> "Eagle3DraftModel":
+        """Adds the target tokens `token_ids` (K,) to the draft vocabulary (continued training on data whose
+        frequent tokens it lacks): trained lm_head rows are kept, a new token's row starts as the target's
+        `target_lm_head` (V, H) row, as a new head's whole lm_head does; d2t and t2d follow, in target-id order."""
+        if self.full_vocab:
+            raise ValueError("this head drafts over the full vocabulary: there is nothing to grow")
+        current = self.to_target_ids(torch.arange(self.d2t.numel(), device=self.d2t.device))
+        merged, order = _merged_vocab(current, token_ids, self.config.vocab_size)
+        old = self.lm_head.weight
+        added = torch.as_tensor(token_ids, dtype=torch.long).flatten().to(target_lm_head.device)
+        self.lm_head = nn.Linear(old.shape[1], merged.numel(), bias=False, device=old.device, dtype=old.dtype)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(torch.cat([old, target_lm_head[added].to(old)])[order])
+        self.d2t = merged - torch.arange(merged.numel(), device=merged.device)
+        self.t2d.zero_()
+        self.t2d[merged] = True
+        self.config.draft_vocab_size = merged.numel()
+        self._binding = None  # the binding holds the old lm_head weight
+        return self
 
     @property
     def full_vocab(self) -> bool:
