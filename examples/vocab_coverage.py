@@ -1,0 +1,56 @@
+"""How many held-out answer tokens a reduced draft vocabulary holds (a token outside it is a guaranteed rejection).
+
+Prints the coverage of a head's draft vocabulary, of that vocabulary grown as `train --grow-vocab` grows it (the
+most frequent assistant tokens of some shards it lacks), and of a vocabulary chosen afresh from those shards, for
+each size; answer tokens are the loss-mask positions of the token archives in training_data/.
+
+    python examples/vocab_coverage.py --head model_cards/smollm2-135m-instruct-eagle3 \
+        --tokens training_data/smollm2-distill-all-bf16.npz --shards 117-173 \
+        --val training_data/smollm2-distill-val-bf16.npz --sizes 8192,10240,12288,16384
+"""
+
+import argparse
+
+import numpy as np
+import torch
+
+from hf_eagle2 import EagleDraftModel
+from hf_eagle2.training.tokens import read_tokens
+
+
+def answer_tokens(path: str, shards: str | None = None) -> np.ndarray:
+    """Target ids at the loss-mask positions of an archive's shards ("A-B", inclusive; all when None)."""
+    archive = read_tokens(path)
+    first, last = (int(x) for x in shards.split("-")) if shards else (0, archive.shard_sequences.size - 1)
+    start = int(archive.lengths[: int(archive.shard_sequences[:first].sum())].sum())
+    end = int(archive.lengths[: int(archive.shard_sequences[: last + 1].sum())].sum())
+    ids, mask = archive.input_ids[start:end].astype(np.int64), archive.loss_mask[start:end]
+    return ids[mask]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head", required=True)
+    parser.add_argument("--tokens", required=True, help="the archive whose shards choose the added tokens")
+    parser.add_argument("--shards", default=None, help="first-last shard index (default: all)")
+    parser.add_argument("--val", required=True, help="the held-out archive whose answers are counted")
+    parser.add_argument("--sizes", default="8192,10240,12288,16384")
+    args = parser.parse_args()
+    head = EagleDraftModel.from_pretrained(args.head)
+    vocab_size = head.config.vocab_size
+    has = head.to_target_ids(torch.arange(head.draft_vocab_size)).numpy()
+    val = answer_tokens(args.val)
+    counts = np.bincount(answer_tokens(args.tokens, args.shards), minlength=vocab_size)
+    print(f"{val.size:,} held-out answer tokens; the head's {has.size:,}-token vocabulary holds {np.isin(val, has).mean():.2%}")
+    lacked = counts.copy()
+    lacked[has] = -1
+    grow_order = np.argsort(-lacked, kind="stable")  # ties by id, as the Trainer's stable sort
+    fresh_order = np.argsort(-counts, kind="stable")
+    print("| size | grown from the head's | chosen afresh from the shards |\n|---:|---:|---:|")
+    for size in (int(s) for s in args.sizes.split(",")):
+        grown = np.concatenate([has, grow_order[: max(0, size - has.size)]])
+        print(f"| {size:,} | {np.isin(val, grown).mean():.2%} | {np.isin(val, fresh_order[:size]).mean():.2%} |")
+
+
+if __name__ == "__main__":
+    main()
