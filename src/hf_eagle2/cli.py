@@ -337,8 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "random one: more data, a training-time-test phase, or fine-tuning an official head")
     p.add_argument("--grow-vocab", action="store_true",
                    help="with --init: grow the head's draft vocabulary to --draft-vocab-size with the most frequent "
-                        "assistant tokens of --data it lacks (trained rows kept; new EAGLE-3 lm_head rows start as "
-                        "the target's)")
+                        "assistant tokens of --data it lacks (trained rows kept; new EAGLE-3 lm_head rows start at "
+                        "zero)")
     p.add_argument("--lm-head-init", choices=["target", "random"], default=None,
                    help="a new EAGLE-3 head's own lm_head: start from the target's rows of the draft vocabulary "
                         "(default) or at random")

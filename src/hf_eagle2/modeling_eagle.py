@@ -234,10 +234,10 @@ class EagleDraftModel(PreTrainedModel):
         self._binding = None  # the borrowed lm_head rows change: bind again
         return self
 
-    def grow_draft_vocab(self, token_ids: torch.LongTensor, target_lm_head: torch.Tensor) -> "EagleDraftModel":
+    def grow_draft_vocab(self, token_ids: torch.LongTensor) -> "EagleDraftModel":
         """Adds the target tokens `token_ids` (K,) to a reduced draft vocabulary (continued training on data
-        whose frequent tokens it lacks). This head scores with the target's own lm_head, so only the ids change;
-        `target_lm_head` (V, H) is for heads with their own (EAGLE-3). Kept in increasing target-id order."""
+        whose frequent tokens it lacks). This head scores with the target's own lm_head, so only the ids change
+        (an EAGLE-3 head's own lm_head grows rows). Kept in increasing target-id order."""
         if self.d2t is None:
             raise ValueError("this head drafts over the full vocabulary: there is nothing to grow")
         return self.set_draft_vocab(_merged_vocab(self.to_target_ids(torch.arange(self.draft_vocab_size)), token_ids,

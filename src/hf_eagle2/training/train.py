@@ -102,8 +102,9 @@ class TrainConfig:
     # vocabulary is kept, so draft_vocab_size must match it (unless grow_vocab)
     grow_vocab: bool = False  # with init: grow the head's draft vocabulary to draft_vocab_size with the most
     # frequent assistant tokens of this run's data it lacks (trained rows kept; an EAGLE-3 head's new lm_head rows
-    # start as the target's). A vocabulary chosen on a first stage's data misses tokens a larger corpus needs: the
-    # SmolLM2 EAGLE-3 head's 8,192 (from 0.5M tokens) hold 92.6% of held-out answer tokens, grown to 12,288 95.8%
+    # start at zero: see Eagle3DraftModel.grow_draft_vocab). A vocabulary chosen on a first stage's data misses
+    # tokens a larger corpus needs: the SmolLM2 EAGLE-3 head's 8,192 (from 0.5M tokens) hold 92.6% of held-out
+    # answer tokens, grown to 12,288 95.8% (examples/vocab_coverage.py)
     lm_head_init: str | None = None  # a new EAGLE-3 head's own lm_head: "target" (default) starts it as the
     # target's lm_head rows of the draft vocabulary, "random" as a fresh Linear (see Trainer)
 
@@ -360,7 +361,7 @@ class Trainer:
             counts = token_frequencies(self.data, vocab)
             counts[head.to_target_ids(torch.arange(has))] = -1  # only tokens the head lacks
             added = torch.argsort(counts, descending=True, stable=True)[: c.draft_vocab_size - has]
-            return head.grow_draft_vocab(added, target_model.get_output_embeddings().weight.detach())
+            return head.grow_draft_vocab(added)
         if has != (c.draft_vocab_size or vocab):
             raise ValueError(f"init head {c.init} drafts over {has} tokens, but draft_vocab_size is "
                              f"{c.draft_vocab_size or vocab}: pass --draft-vocab-size {has if has < vocab else 0} "
