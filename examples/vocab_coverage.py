@@ -15,24 +15,25 @@ import numpy as np
 import torch
 
 from hf_eagle2 import EagleDraftModel
+from hf_eagle2.cli import shard_range
 from hf_eagle2.training.tokens import read_tokens
 
 
-def answer_tokens(path: str, shards: str | None = None) -> np.ndarray:
-    """Target ids at the loss-mask positions of an archive's shards ("A-B", inclusive; all when None)."""
+def answer_tokens(path: str, shards: tuple[int, int | None] | None = None) -> np.ndarray:
+    """Target ids at the loss-mask positions of an archive's shards ((first, last) inclusive; all when None)."""
     archive = read_tokens(path)
-    first, last = (int(x) for x in shards.split("-")) if shards else (0, archive.shard_sequences.size - 1)
-    start = int(archive.lengths[: int(archive.shard_sequences[:first].sum())].sum())
-    end = int(archive.lengths[: int(archive.shard_sequences[: last + 1].sum())].sum())
-    ids, mask = archive.input_ids[start:end].astype(np.int64), archive.loss_mask[start:end]
-    return ids[mask]
+    first, last = shards or (0, None)
+    last = archive.shard_sequences.size - 1 if last is None else last
+    start = sum(archive.shard_tokens(i) for i in range(first))
+    end = start + sum(archive.shard_tokens(i) for i in range(first, last + 1))
+    return archive.input_ids[start:end].astype(np.int64)[archive.loss_mask[start:end]]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head", required=True)
     parser.add_argument("--tokens", required=True, help="the archive whose shards choose the added tokens")
-    parser.add_argument("--shards", default=None, help="first-last shard index (default: all)")
+    parser.add_argument("--shards", type=shard_range, default=None, help="A-B, A- or A (default: all)")
     parser.add_argument("--val", required=True, help="the held-out archive whose answers are counted")
     parser.add_argument("--sizes", default="8192,10240,12288,16384")
     args = parser.parse_args()
