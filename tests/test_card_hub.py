@@ -211,6 +211,27 @@ def test_card_of_a_head_trained_in_stages(tmp_path):
         curve[-1].write_text(json.dumps(ev))
     results = assemble_results(str(head), curve_jsons=[str(p) for p in curve])
     assert [(c["tokens_seen"], c["tau_mtbench"]) for c in results["curve"]] == [(200, 2.1), (600, 2.0), (1000, 2.2)]
+    # the card of stage 2 (retrained since, its snapshots gone) lends its measured points to the curve
+    earlier = tmp_path / "stage2_card"
+    earlier.mkdir()
+    earlier_training = stage(2, 300) | {"init_lineage": [stage(1, 200)], "tokens_seen_total": 500}
+    earlier_card = {"hub_name": "head-stage2", "training": earlier_training, "curve_settings": results["curve_settings"],
+                    "curve": [{"tokens_seen": 100, "tau_mtbench": 1.5, "prompts": 10},
+                              {"tokens_seen": 500, "tau_mtbench": 1.9, "prompts": 10}]}  # fmt: skip
+    (earlier / "results.json").write_text(json.dumps(earlier_card))
+    carried = assemble_results(str(head), curve_jsons=[str(earlier / "results.json"), str(curve[2])])
+    assert [(c["tokens_seen"], c["tau_mtbench"], c.get("carried_from")) for c in carried["curve"]] == [
+        (100, 1.5, "head-stage2"), (500, 1.9, "head-stage2"), (1000, 2.2, None)]  # fmt: skip
+    assert ("The 2 points up to 500 tokens were measured for the card of an earlier stage of this head "
+            "(`head-stage2`) and carried over.") in render_card(carried)  # fmt: skip
+    (earlier / "results.json").write_text(json.dumps(earlier_card | {"training": stage(2, 301)}))
+    with pytest.raises(ValueError, match="not trained from"):  # not this head's stage 2: another axis
+        assemble_results(str(head), curve_jsons=[str(earlier / "results.json"), str(curve[2])])
+    other = earlier_card | {"curve_settings": results["curve_settings"] | {"max_new_tokens": 64}}
+    (earlier / "results.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="other settings"):
+        assemble_results(str(head), curve_jsons=[str(curve[2]), str(earlier / "results.json")])
+    results = assemble_results(str(head), curve_jsons=[str(p) for p in curve])
     text = render_card(results)
     assert "500 tokens seen over 3.00 epochs (1,000 with the earlier stages below)" in text
     assert "6.00 h of training (all stages)" in text  # 3 stages x 7200 s

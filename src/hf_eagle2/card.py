@@ -7,7 +7,8 @@
                                          for a head trained with `train --init`: one card row per stage),
      "eval": {...eval_head() output, incl. calibration...}  (or several merged: `merge_evaluations`),
      "speed": {"mtbench": {"speedup": ..., ...}, ...}        (optional, from `hf-eagle2 bench`)
-     "curve": [{"tokens_seen": ..., "tau_mtbench": ..., "prompts": ...}, ...] (optional; tokens of all stages)
+     "curve": [{"tokens_seen": ..., "tau_mtbench": ..., "prompts": ...}, ...] (optional; tokens of all stages;
+               "carried_from": NAME on a point taken from an earlier stage's card)
      "curve_settings": {...the curve evaluations' EVAL_SETTINGS and prompts...}
      "comparison": [{"name": ..., "tau": {dataset: τ}, "head_parameters": ..., "tokens_seen": ...}, ...] (optional:
                    other heads, evaluated with this head's settings; this head's row is drawn from "eval"; a row
@@ -182,6 +183,11 @@ def render_card(results: dict, repo_id: str | None = None) -> str:
                   + "):", "", "| tokens seen | τ (MT-bench) |",
                   "|---:|---:|"]  # fmt: skip
         lines += [f"| {c['tokens_seen']:,} | {_fmt(c['tau_mtbench'])} |" for c in curve]
+        carried = [c for c in curve if c.get("carried_from")]
+        if carried:
+            names = ", ".join(f"`{name}`" for name in sorted({c["carried_from"] for c in carried}))
+            lines += ["", f"The {len(carried)} points up to {max(c['tokens_seen'] for c in carried):,} tokens were "
+                      f"measured for the card of an earlier stage of this head ({names}) and carried over."]
         lines += ["", "![tau curve](tau_curve.png)", ""]
     lines += [
         "## Training",
@@ -473,6 +479,14 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
         curve, settings = [], None
         for path in curve_jsons:
             ev = load(path)
+            if "curve" in ev and "datasets" not in ev:  # an earlier stage's card: its measured points, carried
+                points, these = _carried_curve(path, ev, results.get("training", {}))
+                if settings is not None and these != settings:
+                    raise ValueError(f"{path}'s curve was evaluated with other settings than {curve_jsons[0]} "
+                                     f"({these} vs {settings}): a curve compares like with like")  # fmt: skip
+                settings = these
+                curve += points
+                continue
             if "mtbench" not in ev.get("datasets", {}):
                 raise ValueError(f"{path} has no MT-bench evaluation: the τ curve is τ on MT-bench")
             these = {key: ev.get(key, unset) for key, unset in EVAL_SETTINGS.items()}
@@ -517,6 +531,27 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     return results
+
+
+def _carried_curve(path: str, card: dict, training: dict) -> tuple[list[dict], dict]:
+    """The τ curve of an earlier stage's card (its results.json, passed to `--curve`) as points of this head's
+    curve, each marked "carried_from" that card's name, and their settings. A retrained head's results.json drops
+    its old curve (other weights), yet those points measured the stages this head was trained from, on the same
+    axis (tokens seen across stages): they stay on its curve without evaluating the old snapshots again, which may
+    be gone. An error unless that card's head is one of this head's `init_lineage` stages."""
+    own = lambda summary: {key: value for key, value in summary.items()
+                           if key not in ("init_lineage", "tokens_seen_total")}  # as `train --init` records it
+    earlier = own(card.get("training", {}))
+    if not earlier or earlier not in [own(stage) for stage in training.get("init_lineage", [])]:
+        raise ValueError(f"{path} is the card of a head this head was not trained from (its training is not one of "
+                         "this head's init_lineage stages): only a lineage's points share the curve's axis")  # fmt: skip
+    if not card.get("curve_settings"):
+        raise ValueError(f"{path} does not record its curve's evaluation settings (curve_settings): it cannot be "
+                         "checked against this curve's")  # fmt: skip
+    name = card.get("hub_name") or os.path.basename(os.path.dirname(os.path.abspath(path)))
+    points = [{key: value for key, value in point.items() if key != "carried_from"} | {"carried_from": name}
+              for point in card["curve"]]  # fmt: skip
+    return points, dict(card["curve_settings"])
 
 
 def _tokens_seen(head_folder: str) -> tuple[int, bool]:
