@@ -360,8 +360,7 @@ class Trainer:
                                  f"draft_vocab_size than that, got {c.draft_vocab_size}")  # fmt: skip
             counts = token_frequencies(self.data, vocab)
             counts[head.to_target_ids(torch.arange(has))] = -1  # only tokens the head lacks
-            added = torch.argsort(counts, descending=True, stable=True)[: c.draft_vocab_size - has]
-            return head.grow_draft_vocab(added)
+            return head.grow_draft_vocab(select_draft_vocab(counts, c.draft_vocab_size - has))
         if has != (c.draft_vocab_size or vocab):
             raise ValueError(f"init head {c.init} drafts over {has} tokens, but draft_vocab_size is "
                              f"{c.draft_vocab_size or vocab}: pass --draft-vocab-size {has if has < vocab else 0} "
