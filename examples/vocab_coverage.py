@@ -7,6 +7,9 @@ each size; answer tokens are the loss-mask positions of the token archives in tr
     python examples/vocab_coverage.py --head model_cards/smollm2-135m-instruct-eagle3 \
         --tokens training_data/smollm2-distill-all-bf16.npz --shards 117-173 \
         --val training_data/smollm2-distill-val-bf16.npz --sizes 8192,10240,12288,16384
+
+The numbers in the README were measured on the stage-4 head (8,192 tokens), which that folder held until its
+stage 5 grew it to 12,288: `git worktree add /tmp/stage4 8b4cfff` and `--head /tmp/stage4/model_cards/...` see it.
 """
 
 import argparse
