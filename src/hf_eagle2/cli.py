@@ -395,8 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="eval-head --out JSON(s) to record in results.json (several: one head's evaluations of "
                         "different datasets, made with the same settings)")
     p.add_argument("--bench", default=None, help="bench --out JSON to record in results.json")
-    p.add_argument("--curve", nargs="*", default=None, help="eval-head JSONs of training snapshots (τ curve), and the results.json of an "
-                        "earlier stage's card to carry its measured points")
+    p.add_argument("--curve", nargs="*", default=None,
+                   help="eval-head JSONs of training snapshots (τ curve), and the results.json of an earlier "
+                        "stage's card to carry its measured points")
     p.add_argument("--set", nargs="*", default=None, help="KEY=VALUE strings to record (hardware=..., ...)")
     p.add_argument("--compare", nargs="*", default=None, metavar="NAME=FOLDER",
                    help="other head folders (with results.json) for the side-by-side table")
