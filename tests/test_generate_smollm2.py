@@ -49,13 +49,13 @@ def test_random_head_identity(smollm2, references, tree):
 
 @pytest.mark.parametrize("tree", list(TREES))
 def test_shipped_eagle3_head_identity(smollm2, references, tree):
-    """The shipped EAGLE-3 head: its own lm_head over 8192 draft tokens, three target layers taken from the verify
-    forward, its own output fed back from depth 2 on."""
+    """The shipped EAGLE-3 head: its own lm_head over 12,288 draft tokens (8,192 grown by stage 5's
+    `--grow-vocab`), three target layers taken from the verify forward, its own output fed back from depth 2 on."""
     model, _ = smollm2
     if not os.path.exists(os.path.join(SHIPPED_EAGLE3, "model.safetensors")):
         pytest.fail("the shipped head model_cards/smollm2-135m-instruct-eagle3 is missing")
     head = EagleDraftModel.from_pretrained(SHIPPED_EAGLE3)
-    assert isinstance(head, Eagle3DraftModel) and head.draft_vocab_size == 8192
+    assert isinstance(head, Eagle3DraftModel) and head.draft_vocab_size == 12288
     accepted_long = 0
     for text in CHAT_PROMPTS[:6]:
         ids, ref = references[text]
