@@ -481,30 +481,13 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
             ev = load(path)
             if "curve" in ev and "datasets" not in ev:  # an earlier stage's card: its measured points, carried
                 points, these = _carried_curve(path, ev, results.get("training", {}))
-                if settings is not None and these != settings:
-                    raise ValueError(f"{path}'s curve was evaluated with other settings than {curve_jsons[0]} "
-                                     f"({these} vs {settings}): a curve compares like with like")  # fmt: skip
-                settings = these
-                curve += points
-                continue
-            if "mtbench" not in ev.get("datasets", {}):
-                raise ValueError(f"{path} has no MT-bench evaluation: the τ curve is τ on MT-bench")
-            these = {key: ev.get(key, unset) for key, unset in EVAL_SETTINGS.items()}
-            these["prompts"] = ev["datasets"]["mtbench"]["prompts"]
+            else:
+                points, these = _snapshot_point(path, ev, bool(results.get("training", {}).get("init_lineage")))
             if settings is not None and these != settings:
                 raise ValueError(f"{path} was evaluated with other settings than {curve_jsons[0]} "
                                  f"({these} vs {settings}): a curve compares like with like")  # fmt: skip
             settings = these
-            now = weights_sha256(ev["draft"]) if os.path.isdir(ev["draft"]) else None
-            if None not in (now, ev.get("draft_sha256")) and now != ev["draft_sha256"]:
-                raise ValueError(f"{ev['draft']} holds other weights than {path} evaluated (retrained or replaced "
-                                 "since): its training.json would put that evaluation at the wrong tokens")  # fmt: skip
-            tokens, total = _tokens_seen(ev["draft"])
-            if not total and results.get("training", {}).get("init_lineage"):
-                raise ValueError(f"{ev['draft']} ({path}) has no training.json: its tokens_<N> counts only its own "
-                                 "run's tokens, but this head's curve counts every training stage's")  # fmt: skip
-            curve.append({"tokens_seen": tokens, "tau_mtbench": round_tau(ev["datasets"]["mtbench"]),
-                          "prompts": these["prompts"]})  # fmt: skip
+            curve += points
         results["curve"] = sorted(curve, key=lambda c: c["tokens_seen"])
         results["curve_settings"] = settings
         plot_curve(results["curve"], os.path.join(folder, "tau_curve.png"))
@@ -531,6 +514,27 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     return results
+
+
+def _snapshot_point(path: str, evaluation: dict, staged: bool) -> tuple[list[dict], dict]:
+    """The τ-curve point of one `eval-head --out` run of a training snapshot (its MT-bench τ at the tokens seen
+    behind it, every stage's when the head was trained in stages: `staged`) and its settings."""
+    if "mtbench" not in evaluation.get("datasets", {}):
+        raise ValueError(f"{path} has no MT-bench evaluation: the τ curve is τ on MT-bench")
+    settings = {key: evaluation.get(key, unset) for key, unset in EVAL_SETTINGS.items()}
+    settings["prompts"] = evaluation["datasets"]["mtbench"]["prompts"]
+    draft = evaluation["draft"]
+    now = weights_sha256(draft) if os.path.isdir(draft) else None
+    if None not in (now, evaluation.get("draft_sha256")) and now != evaluation["draft_sha256"]:
+        raise ValueError(f"{draft} holds other weights than {path} evaluated (retrained or replaced since): its "
+                         "training.json would put that evaluation at the wrong tokens")  # fmt: skip
+    tokens, total = _tokens_seen(draft)
+    if not total and staged:
+        raise ValueError(f"{draft} ({path}) has no training.json: its tokens_<N> counts only its own run's tokens, "
+                         "but this head's curve counts every training stage's")  # fmt: skip
+    point = {"tokens_seen": tokens, "tau_mtbench": round_tau(evaluation["datasets"]["mtbench"]),
+             "prompts": settings["prompts"]}  # fmt: skip
+    return [point], settings
 
 
 def _carried_curve(path: str, card: dict, training: dict) -> tuple[list[dict], dict]:
