@@ -62,5 +62,11 @@ class EagleCandidateGenerator(CandidateGenerator):
         tree = drafter.draft_tree(input_ids, positions, budget, options=replace(self.options, depth=budget))
         return torch.cat([input_ids, tree.tokens[:, 1:].to(input_ids.device)], dim=1), None
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most tokens one round drafts (transformers >= 5.25 asks it of every candidate generator: it sizes
+        the past a recurrent cache layer records for rollback)."""
+        return self.options.depth
+
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         """Nothing to do: the accepted tokens' features arrive with the next `get_candidates` call."""
