@@ -166,20 +166,28 @@ def test_a_new_eagle3_head_starts_from_the_targets_lm_head(target, tmp_path):
     assert TrainConfig(data=[], out=str(tmp_path), head="eagle3", init="some/head").lm_head_init is None
 
 
+SMALL = dict(data=[], head="eagle3", lr=3e-3, warmup_steps=2, batch_tokens=512, save_every=10**9, eval_every=10**9)
+
+
+def small_trained_head(target, data, tmp_path) -> Trainer:
+    """A head with a 12-token draft vocabulary trained 4 steps, saved to tmp_path / "head" (a run's init)."""
+    first = Trainer(TrainConfig(out=str(tmp_path / "a"), draft_vocab_size=12, max_steps=4, **SMALL), target, data=data,
+                    progress=False)  # fmt: skip
+    first.run(resume=False)
+    first.save_head(str(tmp_path / "head"))
+    return first
+
+
 def test_a_trained_eagle3_heads_vocabulary_grows_with_its_trained_rows(target, tmp_path):
     """grow_vocab: a head trained with a small draft vocabulary continues with the next data's most frequent
     tokens it lacks added; its trained lm_head rows stay, new rows start at zero, d2t / t2d / the soft
     labels follow, and the grown head saves, loads and decodes losslessly."""
     data = tiny_features(target, n=16, new=16)
     lm_head = target.get_output_embeddings().weight.detach()
-    small = dict(data=[], head="eagle3", lr=3e-3, warmup_steps=2, batch_tokens=512, save_every=10**9, eval_every=10**9)
-    first = Trainer(TrainConfig(out=str(tmp_path / "a"), draft_vocab_size=12, max_steps=4, **small), target, data=data,
-                    progress=False)  # fmt: skip
-    first.run(resume=False)
-    first.save_head(str(tmp_path / "head"))
+    first = small_trained_head(target, data, tmp_path)
     old_ids, old_rows = first.head.to_target_ids(torch.arange(12)), first.head.lm_head.weight.detach().clone()
     config = TrainConfig(out=str(tmp_path / "b"), draft_vocab_size=20, max_steps=3, init=str(tmp_path / "head"),
-                         grow_vocab=True, **small)  # fmt: skip
+                         grow_vocab=True, **SMALL)  # fmt: skip
     grown = Trainer(config, target, data=data, progress=False)
     ids = grown.head.to_target_ids(torch.arange(20))
     assert grown.head.draft_vocab_size == 20 and bool((ids[1:] > ids[:-1]).all())
@@ -209,11 +217,57 @@ def test_a_trained_eagle3_heads_vocabulary_grows_with_its_trained_rows(target, t
     assert Trainer(config, target, data=data, progress=False).load_checkpoint()  # the grown run resumes
     with pytest.raises(ValueError, match="larger draft_vocab_size"):
         Trainer(TrainConfig(out=str(tmp_path / "c"), draft_vocab_size=12, init=str(tmp_path / "head"), grow_vocab=True,
-                            **small), target, data=data, progress=False)  # fmt: skip
+                            **SMALL), target, data=data, progress=False)  # fmt: skip
     with pytest.raises(ValueError, match="needs init"):
-        TrainConfig(out=str(tmp_path / "c"), draft_vocab_size=20, grow_vocab=True, **small)
+        TrainConfig(out=str(tmp_path / "c"), draft_vocab_size=20, grow_vocab=True, **SMALL)
     with pytest.raises(ValueError, match="already"):
         loaded.grow_draft_vocab(ids[:1])
+
+
+def test_a_trained_eagle3_head_continues_on_the_targets_frozen_lm_head(target, tmp_path):
+    """freeze_lm_head: a trained head's own lm_head is replaced by the target's rows, which training leaves as
+    they are while the body learns; with the init's draft vocabulary size its vocabulary is kept, with None the
+    head drafts over the full vocabulary. The result saves, loads and decodes losslessly."""
+    data = tiny_features(target, n=16, new=16)
+    lm_head = target.get_output_embeddings().weight.detach()
+    first = small_trained_head(target, data, tmp_path)
+    old_ids = first.head.to_target_ids(torch.arange(12))
+    assert not torch.allclose(first.head.lm_head.weight, lm_head[old_ids].float())  # its own rows moved
+    config = TrainConfig(out=str(tmp_path / "b"), draft_vocab_size=12, max_steps=3, init=str(tmp_path / "head"),
+                         freeze_lm_head=True, **SMALL)  # fmt: skip
+    frozen = Trainer(config, target, data=data, progress=False)
+    assert torch.equal(frozen.head.to_target_ids(torch.arange(12)), old_ids)  # the init's vocabulary, kept
+    assert not frozen.head.lm_head.weight.requires_grad
+    torch.testing.assert_close(frozen.head.lm_head.weight, lm_head[old_ids].float(), rtol=0, atol=0)
+    torch.testing.assert_close(frozen.lm_weight, lm_head[old_ids].float(), rtol=0, atol=0)
+    frozen.run(resume=False)
+    torch.testing.assert_close(frozen.head.lm_head.weight, lm_head[old_ids].float(), rtol=0, atol=0)
+    assert not torch.allclose(frozen.head.fc.weight, first.head.fc.weight)  # the body trained
+    frozen.save_head(str(tmp_path / "frozen"))
+    loaded = EagleDraftModel.from_pretrained(str(tmp_path / "frozen"))
+    torch.testing.assert_close(loaded.lm_head.weight, lm_head[old_ids].float(), rtol=0, atol=0)
+    full = Trainer(TrainConfig(out=str(tmp_path / "c"), draft_vocab_size=None, max_steps=2, init=str(tmp_path / "head"),
+                               freeze_lm_head=True, **SMALL), target, data=data, progress=False)  # fmt: skip
+    full.run(resume=False)
+    assert full.head.full_vocab and full.head.config.draft_vocab_size is None
+    torch.testing.assert_close(full.head.lm_head.weight, lm_head.float(), rtol=0, atol=0)
+    full.save_head(str(tmp_path / "full"))
+    prompt = torch.randint(3, 32, (1, 5), generator=torch.Generator().manual_seed(6))
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=20, eos_token_id=None)
+    widened = EagleDraftModel.from_pretrained(str(tmp_path / "frozen")).bind(target).set_draft_vocab(None)
+    assert widened.full_vocab  # frozen target rows: any vocabulary is a choice of the target's rows
+    torch.testing.assert_close(widened.lm_head.weight, lm_head.float(), rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="own trained lm_head"):
+        EagleDraftModel.from_pretrained(str(tmp_path / "head")).bind(target).set_draft_vocab(None)
+    for head in (loaded, widened, EagleDraftModel.from_pretrained(str(tmp_path / "full"))):
+        for tree in ("eagle2", "chain"):
+            out = target.generate(prompt, do_sample=False, max_new_tokens=20, eos_token_id=None, assistant_model=head,
+                                  tree=tree)  # fmt: skip
+            assert torch.equal(out, plain), tree
+    for bad in (dict(head="eagle2"), dict(head="eagle3", lm_head_init="random"),
+                dict(head="eagle3", init="some/head", grow_vocab=True)):  # fmt: skip
+        with pytest.raises(ValueError, match="freeze_lm_head"):
+            TrainConfig(data=[], out=str(tmp_path), freeze_lm_head=True, **bad)
 
 
 def test_self_distilled_rows_leave_the_batch_once_their_answer_ends(target, monkeypatch):

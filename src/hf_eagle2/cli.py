@@ -100,6 +100,7 @@ def cmd_train(args) -> None:
         seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, max_steps=args.max_steps,
         snapshot_every_tokens=args.snapshot_every_tokens, unroll=args.unroll, head=args.head, autocast=args.autocast,
         init=args.init, lm_head_init=args.lm_head_init, grow_vocab=args.grow_vocab,
+        freeze_lm_head=args.freeze_lm_head,
     )  # fmt: skip
     trainer = Trainer(config, model)
     print(f"train: {trainer.data.num_sequences} sequences, {trainer.data.num_tokens} tokens, "
@@ -126,7 +127,7 @@ def cmd_eval_head(args) -> None:
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     draft = EagleDraftModel.from_pretrained(args.draft)
     if args.full_vocab:
-        draft.set_draft_vocab(None)
+        draft.bind(model).set_draft_vocab(None)  # bound first: an EAGLE-3 head's rows are checked against the target's
     tree = dict(tree=args.tree, tree_total_tokens=args.tree_total_tokens, tree_depth=args.tree_depth, tree_top_k=args.tree_top_k)
     result = eval_head(model, tokenizer, draft, args.dataset.split(","), limit, args.max_new_tokens, tree,
                        kernels=args.kernels)  # fmt: skip
@@ -342,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lm-head-init", choices=["target", "random"], default=None,
                    help="a new EAGLE-3 head's own lm_head: start from the target's rows of the draft vocabulary "
                         "(default) or at random")
+    p.add_argument("--freeze-lm-head", action="store_true",
+                   help="EAGLE-3: the lm_head is the target's rows of the draft vocabulary (0 = all of it), frozen; "
+                        "with --init the init head's body is kept and its lm_head and vocabulary replaced")
     p.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_train)

@@ -125,9 +125,27 @@ class Eagle3DraftModel(EagleDraftModel):
 
     # ------------------------------------------------------------------ vocabulary
     def set_draft_vocab(self, token_ids: torch.LongTensor | None) -> "Eagle3DraftModel":
-        raise NotImplementedError(
-            "an EAGLE-3 head scores its draft vocabulary with its own trained lm_head: it cannot be changed"
-        )
+        """Only for a head whose lm_head rows are the bound target's (`lm_head_is_targets`): its drafts then score
+        any target tokens `token_ids` (N,), or all of them with None, as an EAGLE-1/2 head's do. A head with its own
+        trained rows has none for the tokens it lacks: refused."""
+        if not self.lm_head_is_targets():
+            raise NotImplementedError(
+                "an EAGLE-3 head scores its draft vocabulary with its own trained lm_head: it cannot be changed "
+                "(unless its rows are the target's: train --freeze-lm-head)"
+            )
+        return self.borrow_target_lm_head(None if token_ids is None else torch.as_tensor(token_ids).sort().values)
+
+    def lm_head_is_targets(self) -> bool:
+        """Whether the lm_head rows are the bound target's rows of the draft vocabulary, to fp16 rounding (a head
+        trained with `freeze_lm_head`, saved in any dtype): then any vocabulary is a choice of the target's rows."""
+        if self._binding is None:
+            raise RuntimeError("bind the EAGLE-3 head to its target first: its lm_head rows are compared with the "
+                               "target's")  # fmt: skip
+        rows = self.lm_head.weight.detach().float()
+        ids = self.to_target_ids(torch.arange(rows.shape[0], device=self.d2t.device))
+        target_rows = self.binding.source_weight.detach()[ids.to(self.binding.source_weight.device)]
+        target_rows = target_rows.float().to(rows.device)
+        return rows.shape == target_rows.shape and torch.allclose(rows, target_rows, rtol=1e-3, atol=1e-6)
 
     def grow_draft_vocab(self, token_ids: torch.LongTensor) -> "Eagle3DraftModel":
         """Adds the target tokens `token_ids` (K,) to the draft vocabulary (continued training on data whose
@@ -144,12 +162,40 @@ class Eagle3DraftModel(EagleDraftModel):
         self.lm_head = nn.Linear(old.shape[1], merged.numel(), bias=False, device=old.device, dtype=old.dtype)
         with torch.no_grad():
             self.lm_head.weight.copy_(torch.cat([old, old.new_zeros(merged.numel() - old.shape[0], old.shape[1])])[order])
-        self.d2t = merged - torch.arange(merged.numel(), device=merged.device)
-        self.t2d.zero_()
-        self.t2d[merged] = True
-        self.config.draft_vocab_size = merged.numel()
+        self._set_draft_ids(merged)
         self._binding = None  # the binding holds the old lm_head weight
         return self
+
+    def borrow_target_lm_head(self, token_ids: torch.LongTensor | None) -> "Eagle3DraftModel":
+        """Replaces the head's own lm_head by the bound target's lm_head rows of `token_ids` (N,) increasing target
+        ids, or of the whole vocabulary with None, frozen (`requires_grad` False); d2t, t2d and
+        `config.draft_vocab_size` follow. Training then fits the head's body (and `norm`) to the target's own
+        output space, as an EAGLE-1/2 head's is, so the draft vocabulary costs no trained parameters and can be as
+        large as the target's (SmolLM2's tied lm_head is its input embedding). Checkpoints still carry the rows as
+        `lm_head.weight` (the official layout needs them)."""
+        weight = self.binding.source_weight
+        vocab = self.config.vocab_size
+        ids = torch.arange(vocab) if token_ids is None else torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        device, dtype = self.fc.weight.device, self.fc.weight.dtype
+        self._set_draft_ids(ids.to(device))  # checks the ids first
+        self.lm_head = nn.Linear(weight.shape[1], ids.numel(), bias=False, device=device, dtype=dtype)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(weight.detach()[ids.to(weight.device)])
+        self.lm_head.weight.requires_grad_(False)
+        self._binding = None  # the binding holds the old lm_head weight
+        return self
+
+    def _set_draft_ids(self, ids: torch.LongTensor) -> None:
+        """Makes `ids` (N,), increasing target ids, the draft vocabulary: d2t, t2d and `config.draft_vocab_size`
+        (None when `ids` is the whole vocabulary). The lm_head is the caller's to match."""
+        vocab = self.config.vocab_size
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        if ids.numel() == 0 or not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0 or int(ids[-1]) >= vocab:
+            raise ValueError("a draft vocabulary must be increasing target ids in [0, vocab_size)")
+        self.d2t = ids - torch.arange(ids.numel(), device=ids.device)
+        self.t2d = torch.zeros(vocab, dtype=torch.bool, device=ids.device)
+        self.t2d[ids] = True
+        self.config.draft_vocab_size = None if ids.numel() == vocab else ids.numel()
 
     @property
     def full_vocab(self) -> bool:
@@ -260,12 +306,7 @@ class Eagle3DraftModel(EagleDraftModel):
             torch.manual_seed(seed)
         model = cls(config)
         if draft_vocab is not None:
-            ids = torch.as_tensor(draft_vocab, dtype=torch.long).flatten()
-            if not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0 or int(ids[-1]) >= config.vocab_size:
-                raise ValueError("draft_vocab must be increasing target ids in [0, vocab_size)")
-            model.d2t.copy_(ids - torch.arange(ids.numel()))
-            model.t2d.zero_()
-            model.t2d[ids] = True
+            model._set_draft_ids(draft_vocab)
         weight = target.get_output_embeddings().weight
         model.to(device=weight.device, dtype=weight.dtype)
         return model.bind(target).eval()

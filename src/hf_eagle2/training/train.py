@@ -91,6 +91,9 @@ class TrainConfig:
         if self.grow_vocab and (not self.init or self.draft_vocab_size is None):
             raise ValueError("grow_vocab grows a trained head's reduced draft vocabulary to draft_vocab_size: it "
                              "needs init and a draft_vocab_size")  # fmt: skip
+        if self.freeze_lm_head and (not eagle3 or self.lm_head_init == "random" or self.grow_vocab):
+            raise ValueError("freeze_lm_head keeps an EAGLE-3 head's lm_head at the target's rows: it needs "
+                             "head='eagle3' and excludes lm_head_init='random' and grow_vocab")  # fmt: skip
         if self.lm_head_init not in (None, "target", "random"):
             raise ValueError(f"lm_head_init must be 'target' or 'random', got {self.lm_head_init!r}")
     snapshot_every_tokens: int | None = None  # also keep head snapshots (for τ-vs-tokens curves)
@@ -107,13 +110,16 @@ class TrainConfig:
     # answer tokens, grown to 12,288 95.8% (examples/vocab_coverage.py)
     lm_head_init: str | None = None  # a new EAGLE-3 head's own lm_head: "target" (default) starts it as the
     # target's lm_head rows of the draft vocabulary, "random" as a fresh Linear (see Trainer)
+    freeze_lm_head: bool = False  # EAGLE-3: the lm_head is the target's rows of the draft vocabulary and stays
+    # frozen (`Eagle3DraftModel.borrow_target_lm_head`); with init, the init head's body is kept and its lm_head
+    # replaced, its draft vocabulary too if draft_vocab_size differs (None: the full vocabulary, no parameter cost)
 
 
 # the settings that shape a run: a checkpoint resumes only with the same ones (the others, e.g. max_steps or
 # save_every, may change between sessions)
 RUN_FIELDS = ("data", "head", "init", "draft_vocab_size", "epochs", "lr", "min_lr_ratio", "warmup_steps",
               "batch_tokens", "max_seq_len", "grad_clip", "weight_decay", "ce_weight", "noise_std", "seed", "unroll",
-              "autocast", "lm_head_init", "grow_vocab")  # fmt: skip
+              "autocast", "lm_head_init", "grow_vocab", "freeze_lm_head")  # fmt: skip
 
 
 @dataclass
@@ -310,17 +316,15 @@ class Trainer:
         vocab = target_model.config.get_text_config().vocab_size
         self.state_path = os.path.join(config.out, "checkpoint.pt")
         torch.manual_seed(config.seed)
-        draft_vocab = None
         if config.init:
             self.head = self._initial_head(target_model, vocab)
         else:
-            if config.draft_vocab_size is not None:
-                eos = target_model.generation_config.eos_token_id
-                eos = [eos] if isinstance(eos, int) else list(eos or [])
-                draft_vocab = select_draft_vocab(token_frequencies(self.data, vocab), config.draft_vocab_size, eos)
+            draft_vocab = None if config.draft_vocab_size is None else self._frequent_tokens(target_model, vocab)
             head_class = Eagle3DraftModel if eagle3 else EagleDraftModel
             self.head = head_class.from_target(target_model, draft_vocab=draft_vocab, seed=config.seed)
         self.head.bind(target_model).float()  # bind first: it casts the head to the target's dtype
+        if config.freeze_lm_head:
+            self.head.borrow_target_lm_head(self._frozen_lm_head_vocab(target_model, vocab)).bind(target_model)
         # the target's lm_head rows of the draft vocabulary: its next-token distribution, the soft labels
         draft_ids = self.head.to_target_ids(torch.arange(self.head.draft_vocab_size))
         self.lm_weight = target_model.get_output_embeddings().weight.detach()[draft_ids].float()
@@ -342,6 +346,22 @@ class Trainer:
         # read at the start (a run saving its head over its own init must not find itself), kept in checkpoints
         self.lineage = init_lineage(config.init) if config.init else None
 
+    def _frequent_tokens(self, target_model, vocab: int) -> torch.LongTensor:
+        """The data's `draft_vocab_size` most frequent target tokens, EOS included (a new draft vocabulary)."""
+        eos = target_model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        return select_draft_vocab(token_frequencies(self.data, vocab), self.config.draft_vocab_size, eos)
+
+    def _frozen_lm_head_vocab(self, target_model, vocab: int) -> torch.LongTensor | None:
+        """The target ids whose lm_head rows a freeze_lm_head run borrows: the head's own vocabulary when it is of
+        `draft_vocab_size` already (an init head's is kept, as init keeps it), else the data's most frequent
+        tokens; None for the full vocabulary."""
+        if self.config.draft_vocab_size is None:
+            return None
+        if self.head.draft_vocab_size == self.config.draft_vocab_size:
+            return self.head.to_target_ids(torch.arange(self.head.draft_vocab_size))
+        return self._frequent_tokens(target_model, vocab)
+
     def _initial_head(self, target_model, vocab: int) -> EagleDraftModel:
         """The head named by `config.init`, checked against the run's head kind and draft vocabulary size."""
         c = self.config
@@ -354,6 +374,8 @@ class Trainer:
                              f"features are extracted from {aux_layer_ids(target_model)} (the official choice): it "
                              "would be trained on other layers than it reads")  # fmt: skip
         has = head.config.draft_vocab_size or vocab
+        if c.freeze_lm_head:  # its lm_head is replaced by the target's rows (and its vocabulary, if of another size)
+            return head
         if c.grow_vocab:
             if has >= c.draft_vocab_size:
                 raise ValueError(f"init head {c.init} drafts over {has} tokens: grow_vocab needs a larger "
