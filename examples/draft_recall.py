@@ -1,7 +1,8 @@
 """Where a head's first draft token misses, on held-out features: recall of the target's greedy token in the head's
-top 1 / 3 / 10 over its draft vocabulary and, for an EAGLE-1/2 head (whose lm_head is the target's), over the full
-vocabulary; the share of target tokens outside the draft vocabulary; and the training log's accuracy at each
-training-time-test pass (depth s reads the head's own outputs at depths 1..s-1), past the passes it was trained on.
+top 1 / 3 / 10 over its draft vocabulary and, for a head whose lm_head is the target's (EAGLE-1/2, or EAGLE-3 trained
+with --freeze-lm-head), over the full vocabulary; the share of target tokens outside the draft vocabulary; and the
+training log's accuracy at each training-time-test pass (depth s reads the head's own outputs at depths 1..s-1),
+past the passes it was trained on.
 
     python examples/draft_recall.py --head model_cards/smollm2-135m-instruct-eagle2 \
         --val runs/data/distill-val-fp32feat --passes 1
@@ -38,7 +39,9 @@ def main() -> None:
     draft_ids = head.to_target_ids(torch.arange(head.draft_vocab_size))
     in_draft = torch.zeros(target_head.shape[0], dtype=torch.bool)
     in_draft[draft_ids] = True
-    vocabularies = ["draft"] if eagle3 else ["draft", "full"]
+    # an EAGLE-3 head trained on the target's frozen rows (train --freeze-lm-head) scores any vocabulary with them
+    borrowed = not eagle3 or head.lm_head_is_targets()
+    vocabularies = ["draft", "full"] if borrowed else ["draft"]
     hits = {v: torch.zeros(len(TOP)) for v in vocabularies}
     outside = total = 0
     with torch.no_grad():
@@ -50,8 +53,9 @@ def main() -> None:
             sel = b["mask"][:, 1:]
             greedy = (b["features"][:, 1:][sel] @ target_head.T).argmax(-1)  # (N,) the target's next token
             ranked = {"draft": head.to_target_ids(head.draft_logits(out[sel]).topk(max(TOP), -1).indices)}
-            if not eagle3:
-                ranked["full"] = (out[sel] @ target_head.T).topk(max(TOP), -1).indices
+            if borrowed:
+                normed = head.norm(out[sel]) if eagle3 else out[sel]
+                ranked["full"] = (normed @ target_head.T).topk(max(TOP), -1).indices
             for v, top in ranked.items():
                 hits[v] += torch.tensor([(top[:, :k] == greedy[:, None]).any(-1).sum().item() for k in TOP])
             outside += int((~in_draft[greedy]).sum())
