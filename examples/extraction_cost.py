@@ -10,10 +10,10 @@ are (relative to each row's largest feature).
     python examples/extraction_cost.py --dtype bfloat16 --batch-size 64 --max-new-tokens 384 --chunk-steps 0,32
 
 `--kernels stock,fast` repeats each way with the target's linears on oneDNN prepacked weights (`optimize_for_cpu`,
-as `bench` and `eval-head --kernels fast` run them) and compares against the stock kernels' answers. On a Zen 4
-EPYC (2 threads, bf16, 64 prompts, 32 steps per call) both ran 201 tokens/s with bit-identical answers and features:
-stock bf16 linears already run oneDNN there (a 64-row gate_proj: 0.39 ms stock, 0.36 ms prepacked, equal outputs),
-so `extract` keeps the stock kernels.
+as `bench` and `eval-head --kernels fast` run them), in the order given, and compares with the first way's answers.
+On a Zen 4 EPYC (2 threads, bf16, 64 prompts, 32 steps per call) both ran 201 tokens/s with bit-identical answers
+and features: stock bf16 linears already run oneDNN there (a 64-row gate_proj: 0.39 ms stock, 0.36 ms prepacked,
+equal outputs), so `extract` keeps the stock kernels.
 """
 
 import argparse
@@ -39,9 +39,11 @@ def main() -> None:
     parser.add_argument("--skip-conversations", type=int, default=4000, help="where in the training split to start")
     parser.add_argument("--chunk-steps", default="0,32", help="decode steps per generate call, comma-separated")
     parser.add_argument("--second-pass", action="store_true", help="also time generate + one forward over the answers")
-    parser.add_argument("--kernels", default="stock", help="stock, fast or both (comma-separated), in that order")
+    parser.add_argument("--kernels", default="stock", help="stock, fast or both, comma-separated, run in that order")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if not set(args.kernels.split(",")) <= {"stock", "fast"}:
+        parser.error(f"--kernels takes stock and/or fast, comma-separated, not {args.kernels!r}")
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     prompts = []
