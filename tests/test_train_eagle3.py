@@ -256,6 +256,10 @@ def test_a_trained_eagle3_head_continues_on_the_targets_frozen_lm_head(target, t
     plain = target.generate(prompt, do_sample=False, max_new_tokens=20, eos_token_id=None)
     widened = EagleDraftModel.from_pretrained(str(tmp_path / "frozen")).bind(target).set_draft_vocab(None)
     assert widened.full_vocab  # frozen target rows: any vocabulary is a choice of the target's rows
+    own = sum(p.numel() for p in widened.parameters())
+    assert widened.bind(target).num_head_parameters() == own - lm_head.numel()  # borrowed rows: not the head's
+    trained = EagleDraftModel.from_pretrained(str(tmp_path / "head")).bind(target)
+    assert trained.num_head_parameters() == sum(p.numel() for p in trained.parameters())  # its own rows count
     torch.testing.assert_close(widened.lm_head.weight, lm_head.float(), rtol=0, atol=0)
     with pytest.raises(NotImplementedError, match="own trained lm_head"):
         EagleDraftModel.from_pretrained(str(tmp_path / "head")).bind(target).set_draft_vocab(None)

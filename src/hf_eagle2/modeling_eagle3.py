@@ -147,6 +147,14 @@ class Eagle3DraftModel(EagleDraftModel):
         target_rows = target_rows.float().to(rows.device)
         return rows.shape == target_rows.shape and torch.allclose(rows, target_rows, rtol=1e-3, atol=1e-6)
 
+    def num_head_parameters(self) -> int:
+        """Parameters the head adds to its target. lm_head rows that are the bound target's (`freeze_lm_head`) are
+        borrowed, like the embeddings, so not counted; an unbound head cannot tell, and counts them."""
+        total = sum(p.numel() for p in self.parameters())
+        if self._binding is not None and self.lm_head_is_targets():
+            total -= self.lm_head.weight.numel()
+        return total
+
     def grow_draft_vocab(self, token_ids: torch.LongTensor) -> "Eagle3DraftModel":
         """Adds the target tokens `token_ids` (K,) to the draft vocabulary (continued training on data whose
         frequent tokens it lacks): trained lm_head rows are kept, a new token's row starts at zero (logit 0, learnt
