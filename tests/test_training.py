@@ -137,6 +137,50 @@ def test_self_distilled_features(smollm2, tmp_path):
         torch.testing.assert_close(s.features.float(), ref.half().float(), rtol=2e-3, atol=2e-3)
 
 
+def test_min_prompt_tokens_answers_the_turns_a_smaller_max_left_out(smollm2, tmp_path):
+    """Split at a prompt length, two folders hold between them every answer one folder up to the larger bound
+    holds, none twice; a folder from before the setting resumes as one without a lower bound, not with one."""
+    from hf_eagle2.training.features import turn_prompts
+    from hf_eagle2.training.tokens import export_tokens, read_tokens
+
+    model, tokenizer = smollm2
+    ids = [i for i in (f"conv{n}" for n in range(50)) if not is_heldout(i)][:3]
+    convs = [{"id": cid, "conversations": [m for t in range(3) for m in (
+        {"from": "human", "value": f"Question {t} of {cid}: " + "tell me more about it. " * (4 + 8 * t * (n + 1))},
+        {"from": "gpt", "value": "Here is more. " * (3 + 5 * t)})]} for n, cid in enumerate(ids)]  # fmt: skip
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps(convs))
+    lengths = sorted(len(p) for c in iter_sharegpt(str(data)) for p in turn_prompts(tokenizer, c))
+    cut, top = lengths[len(lengths) // 2], lengths[-1]
+    assert lengths[0] < cut < top
+    kw = dict(responses="target", turns="all", max_new_tokens=2, batch_size=3, sharegpt_file=str(data), progress=False)
+
+    def answered(folder, **bounds):
+        extract_features(model, tokenizer, str(tmp_path / folder), **bounds, **kw)
+        export_tokens(str(tmp_path / folder), str(tmp_path / f"{folder}.npz"))
+        tokens = read_tokens(str(tmp_path / f"{folder}.npz"))
+        return [sid for i in range(tokens.meta["shards"]) for sid, _, _ in tokens.shard(i)]
+
+    every = answered("every", max_prompt_tokens=top)
+    short = answered("short", max_prompt_tokens=cut)
+    long = answered("long", min_prompt_tokens=cut, max_prompt_tokens=top)
+    assert len(every) == len(lengths) and short and long and not set(short) & set(long)
+    assert sorted(short + long) == sorted(every)
+    meta_path = tmp_path / "short" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["min_prompt_tokens"] == 0
+    del meta["min_prompt_tokens"]  # a folder written before the setting existed
+    meta_path.write_text(json.dumps(meta))
+    extract_features(model, tokenizer, str(tmp_path / "short"), max_prompt_tokens=cut, **kw)  # resumes: no bound
+    with pytest.raises(ValueError, match="min_prompt_tokens: 0 -> 5"):
+        extract_features(model, tokenizer, str(tmp_path / "short"), min_prompt_tokens=5, max_prompt_tokens=cut, **kw)
+    with pytest.raises(ValueError, match=r"must be in \[0, max_prompt_tokens"):
+        extract_features(model, tokenizer, str(tmp_path / "x"), min_prompt_tokens=cut, max_prompt_tokens=cut, **kw)
+    with pytest.raises(ValueError, match="responses='target'"):
+        extract_features(model, tokenizer, str(tmp_path / "x"), responses="sharegpt", min_prompt_tokens=5,
+                         sharegpt_file=str(data), progress=False)  # fmt: skip
+
+
 def test_feature_set_reads_shards_memory_mapped(real_features):
     """FeatureSet keeps the features in the shard files (memory-mapped, not copied) and its batches hold exactly
     the stored rows, cut to max_seq_len."""

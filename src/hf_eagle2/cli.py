@@ -46,6 +46,7 @@ def cmd_extract(args) -> None:
         max_tokens=args.max_tokens,
         max_conversations=args.max_conversations,
         max_prompt_tokens=args.max_prompt_tokens,
+        min_prompt_tokens=args.min_prompt_tokens,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         draft=draft,
@@ -275,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=None, help="token budget (prompt + response tokens)")
     p.add_argument("--max-conversations", type=int, default=None)
     p.add_argument("--max-prompt-tokens", type=int, default=384)
+    p.add_argument("--min-prompt-tokens", type=int, default=0,
+                   help="self-distillation: only prompts longer than this (the turns another folder's smaller "
+                   "--max-prompt-tokens left out)")
     p.add_argument("--max-new-tokens", type=int, default=384)
     p.add_argument("--batch-size", type=int, default=48)
     p.add_argument("--draft", default=None, help="an EAGLE head folder: self-distilled answers by tree speculation")

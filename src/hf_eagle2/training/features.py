@@ -276,6 +276,7 @@ def extract_features(
     max_tokens: int | None = None,
     max_conversations: int | None = None,
     max_prompt_tokens: int = 512,
+    min_prompt_tokens: int = 0,
     max_new_tokens: int = 384,
     max_seq_tokens: int = 1024,
     batch_size: int = 32,
@@ -289,9 +290,17 @@ def extract_features(
 
     draft: an EAGLE head that speeds up self-distilled answers (same tokens: greedy tree speculation is exact);
     turns: "first" or "all" user turns answered by the target (responses="target"); eagle3: also store the
-    three hidden states an EAGLE-3 head reads (`aux_layer_ids`)."""
+    three hidden states an EAGLE-3 head reads (`aux_layer_ids`); min_prompt_tokens: self-distillation answers only
+    prompts longer than this (and at most max_prompt_tokens long), so a second folder can hold the turns a first
+    one's smaller max_prompt_tokens left out, with no answer in both."""
     if responses not in ("target", "sharegpt"):
         raise ValueError("responses must be 'target' or 'sharegpt'")
+    if min_prompt_tokens and responses != "target":
+        raise ValueError("min_prompt_tokens selects the prompts self-distillation answers (responses='target'); "
+                         "original answers are cut by max_seq_tokens")  # fmt: skip
+    if not 0 <= min_prompt_tokens < max_prompt_tokens:
+        raise ValueError(f"min_prompt_tokens ({min_prompt_tokens}) must be in [0, max_prompt_tokens = "
+                         f"{max_prompt_tokens})")  # fmt: skip
     if turns not in ("first", "all"):
         raise ValueError("turns must be 'first' or 'all'")
     aux_layers = aux_layer_ids(model) if eagle3 else ()
@@ -305,7 +314,8 @@ def extract_features(
                 return  # max_conversations counts conversations that gave at least one sequence
             if responses == "target":
                 prompts = turn_prompts(tokenizer, conv, max_turns=1 if turns == "first" else None)
-                kept = [(f"{conv.id}/{t}", p, None) for t, p in enumerate(prompts) if len(p) <= max_prompt_tokens]
+                kept = [(f"{conv.id}/{t}", p, None) for t, p in enumerate(prompts)
+                        if min_prompt_tokens < len(p) <= max_prompt_tokens]  # fmt: skip
             else:
                 ids, mask = render_with_loss_mask(tokenizer, conv.messages, max_tokens=max_seq_tokens)
                 kept = [(conv.id, ids, mask)] if sum(mask) else []
@@ -315,7 +325,8 @@ def extract_features(
 
     # what the shards are a function of: a folder resumes only with the same (shard i holds batch i of the work list)
     meta = {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
-            "max_prompt_tokens": max_prompt_tokens, "max_seq_tokens": max_seq_tokens, "batch_size": batch_size,
+            "max_prompt_tokens": max_prompt_tokens, "min_prompt_tokens": min_prompt_tokens,
+            "max_seq_tokens": max_seq_tokens, "batch_size": batch_size,
             "dtype": str(model.dtype).removeprefix("torch."), "hidden_size": None, "aux_layers": list(aux_layers),
             "feature_dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
     # (dtype: the target's when it wrote the answers; feature_dtype: when it computed the features, stored as fp16
@@ -324,7 +335,7 @@ def extract_features(
     done = shard_paths([out_dir])
     if done and os.path.exists(meta_path):
         with open(meta_path) as f:
-            saved = json.load(f)
+            saved = {"min_prompt_tokens": 0, **json.load(f)}  # folders from before the setting: no lower bound
         changed = setting_changes(saved, meta, skip=("hidden_size",))
         if saved.get("feature_dtype", saved.get("dtype")) != saved.get("dtype"):
             raise ValueError(f"{out_dir} holds answers written in {saved.get('dtype')} and features rebuilt in "
