@@ -7,6 +7,10 @@ past the passes it was trained on.
     python examples/draft_recall.py --head model_cards/smollm2-135m-instruct-eagle2 \
         --val runs/data/distill-val-fp32feat --passes 1
 
+`--max-prompt-context N` reads each held-out row from N positions before its first answer token, as
+`train --max-prompt-context N` trains: the same answer positions, with less of the prompt for the head to attend
+to. What the head's numbers lose then bounds what training on such rows costs a head that reads whole prompts.
+
 `--val` is a feature folder (`extract` or `rebuild-features`; EAGLE-3 heads need one written with --eagle3).
 """
 
@@ -28,12 +32,13 @@ def main() -> None:
     parser.add_argument("--val", required=True, help="held-out feature folder")
     parser.add_argument("--batches", type=int, default=40, help="held-out batches of 4,096 tokens read")
     parser.add_argument("--passes", type=int, default=6, help="training-time-test passes measured")
+    parser.add_argument("--max-prompt-context", type=int, default=None, help="prompt positions kept per row")
     args = parser.parse_args()
     torch.set_num_threads(2)
     model, _ = load_model("smollm2", dtype="float32")
     head = EagleDraftModel.from_pretrained(args.head).bind(model).float().eval()
     eagle3 = isinstance(head, Eagle3DraftModel)
-    val = FeatureSet.load([args.val], 1024, aux=eagle3)
+    val = FeatureSet.load([args.val], 1024, eagle3, args.max_prompt_context)
     batches = [val.batch(i) for i in epoch_batches(val.lengths(), 4096, 0, 0)[: args.batches]]
     target_head = model.get_output_embeddings().weight.detach().float()  # (V, H); SmolLM2's lm_head has no bias
     draft_ids = head.to_target_ids(torch.arange(head.draft_vocab_size))

@@ -199,6 +199,26 @@ def test_feature_set_reads_shards_memory_mapped(real_features):
         assert not batch["mask"][row, n:].any()
 
 
+def test_max_prompt_context_keeps_every_answer_position_and_the_prompts_last_positions(real_features):
+    """train --max-prompt-context: each row starts at most N positions before its first answer token, so the
+    answer positions (every one the loss reads) and their features stay, and only the prompt's head is dropped."""
+    whole = FeatureSet.load([real_features], 256)
+    cut = FeatureSet.load([real_features], 256, max_prompt_context=4)
+    assert cut.num_sequences == whole.num_sequences and int(cut.mask.sum()) == int(whole.mask.sum())
+    assert cut.num_tokens < whole.num_tokens
+    order = list(range(whole.num_sequences))
+    full, short = whole.batch(order), cut.batch(order)
+    for row, (n, m) in enumerate(zip(whole.lengths().tolist(), cut.lengths().tolist())):
+        first = int(full["mask"][row].nonzero()[0])  # the row's first answer token
+        kept = min(first, 4)
+        assert m == n - (first - kept) and int(short["mask"][row].nonzero()[0]) == kept
+        assert torch.equal(short["ids"][row, :m], full["ids"][row, first - kept : n])
+        assert torch.equal(short["features"][row, :m], full["features"][row, first - kept : n])
+        assert torch.equal(short["mask"][row, :m], full["mask"][row, first - kept : n])
+    with pytest.raises(ValueError, match="max_prompt_context must be >= 1"):
+        FeatureSet.load([real_features], 256, max_prompt_context=0)
+
+
 def _config(out, **kw):
     base = dict(data=[], out=str(out), draft_vocab_size=2048, epochs=5, lr=1e-3, warmup_steps=2, batch_tokens=1024,
                 save_every=3, eval_every=10**9, seed=0)  # fmt: skip

@@ -96,7 +96,8 @@ def cmd_train(args) -> None:
         data=args.data, out=args.out, val_data=args.val_data or [],
         draft_vocab_size=None if args.draft_vocab_size == 0 else args.draft_vocab_size,
         epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps, batch_tokens=args.batch_tokens,
-        max_seq_len=args.max_seq_len, grad_clip=args.grad_clip, ce_weight=args.ce_weight,
+        max_seq_len=args.max_seq_len, max_prompt_context=args.max_prompt_context, grad_clip=args.grad_clip,
+        ce_weight=args.ce_weight,
         noise_std=args.noise_std,
         seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, max_steps=args.max_steps,
         snapshot_every_tokens=args.snapshot_every_tokens, unroll=args.unroll, head=args.head, autocast=args.autocast,
@@ -322,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-steps", type=int, default=100)
     p.add_argument("--batch-tokens", type=int, default=8192)
     p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--max-prompt-context", type=int, default=None,
+                   help="start each row at most this many positions before its first answer token (default: whole "
+                        "prompts); the held-out rows stay whole")
     p.add_argument("--grad-clip", type=float, default=0.5)
     p.add_argument("--ce-weight", type=float, default=0.1)
     p.add_argument("--noise-std", type=float, default=None, help="feature noise (default 0.2; EAGLE-3: 0)")

@@ -55,6 +55,8 @@ class TrainConfig:
     warmup_steps: int = 100
     batch_tokens: int = 8192
     max_seq_len: int = 1024
+    max_prompt_context: int | None = None  # rows start at most this many positions before their first assistant
+    # token (see FeatureSet.load): long prompts then cost the head's training only their last positions
     grad_clip: float = 0.5
     weight_decay: float = 0.0
     ce_weight: float = 0.1
@@ -118,8 +120,8 @@ class TrainConfig:
 # the settings that shape a run: a checkpoint resumes only with the same ones (the others, e.g. max_steps or
 # save_every, may change between sessions)
 RUN_FIELDS = ("data", "head", "init", "draft_vocab_size", "epochs", "lr", "min_lr_ratio", "warmup_steps",
-              "batch_tokens", "max_seq_len", "grad_clip", "weight_decay", "ce_weight", "noise_std", "seed", "unroll",
-              "autocast", "lm_head_init", "grow_vocab", "freeze_lm_head")  # fmt: skip
+              "batch_tokens", "max_seq_len", "max_prompt_context", "grad_clip", "weight_decay", "ce_weight",
+              "noise_std", "seed", "unroll", "autocast", "lm_head_init", "grow_vocab", "freeze_lm_head")  # fmt: skip
 
 
 @dataclass
@@ -137,16 +139,28 @@ class FeatureSet:
     rows: torch.Tensor | None = None
 
     @staticmethod
-    def load(folders: list[str], max_seq_len: int, aux: bool = False) -> "FeatureSet":
+    def load(folders: list[str], max_seq_len: int, aux: bool = False,
+             max_prompt_context: int | None = None) -> "FeatureSet":  # fmt: skip
         """Sequences of every shard, cut to max_seq_len; those with no assistant token to predict are skipped.
-        aux: also use the EAGLE-3 features (an error if a shard has none)."""
+        aux: also use the EAGLE-3 features (an error if a shard has none).
+        max_prompt_context: start each sequence at most this many positions before its first assistant token.
+        The target's features there already carry the prompt, so a long prompt costs the head's training a
+        forward per position for context it may not need (what a head loses without it:
+        `examples/draft_recall.py --max-prompt-context`)."""
+        if max_prompt_context is not None and max_prompt_context < 1:
+            raise ValueError(f"max_prompt_context must be >= 1 (None keeps whole prompts), got {max_prompt_context}")
         ids, masks, rows, lengths, feats, auxs = [], [], [], [], [], []
         for path in shard_paths(folders):
             shard = open_shard(path)
             if aux and "aux_features" not in shard:
                 raise ValueError(f"{path}: a shard without aux_features; extract with eagle3=True (--eagle3) to "
                                  "train an EAGLE-3 head")  # fmt: skip
+            answer_rows = shard["loss_mask"].nonzero().flatten()  # (A,) rows of assistant tokens, ascending
             for a, b in shard_spans(shard):
+                if max_prompt_context is not None:
+                    k = int(torch.searchsorted(answer_rows, a))
+                    first = int(answer_rows[k]) if k < answer_rows.numel() else b  # a row past b: no answer here
+                    a = max(a, min(first, b) - max_prompt_context)
                 n = min(b - a, max_seq_len)
                 mask = shard["loss_mask"][a : a + n].bool()
                 if n < 3 or not bool(mask[1:].any()):
@@ -309,7 +323,8 @@ class Trainer:
         if config.autocast == "bfloat16" and target_model.device.type == "cpu":
             warn_if_bf16_emulated("training with autocast")
         eagle3 = config.head == "eagle3"
-        self.data = data or FeatureSet.load(config.data, config.max_seq_len, aux=eagle3)
+        self.data = data or FeatureSet.load(config.data, config.max_seq_len, eagle3, config.max_prompt_context)
+        # held-out rows keep their whole prompts: the head is measured as generate runs it
         self.val = val_data if val_data is not None else (
             FeatureSet.load(config.val_data, config.max_seq_len, aux=eagle3) if config.val_data else None
         )  # fmt: skip
