@@ -155,12 +155,11 @@ class FeatureSet:
             if aux and "aux_features" not in shard:
                 raise ValueError(f"{path}: a shard without aux_features; extract with eagle3=True (--eagle3) to "
                                  "train an EAGLE-3 head")  # fmt: skip
-            answer_rows = shard["loss_mask"].nonzero().flatten()  # (A,) rows of assistant tokens, ascending
             for a, b in shard_spans(shard):
                 if max_prompt_context is not None:
-                    k = int(torch.searchsorted(answer_rows, a))
-                    first = int(answer_rows[k]) if k < answer_rows.numel() else b  # a row past b: no answer here
-                    a = max(a, min(first, b) - max_prompt_context)
+                    answers = shard["loss_mask"][a:b].nonzero()  # (A, 1) the sequence's assistant positions
+                    first = a + int(answers[0]) if answers.numel() else b
+                    a = max(a, first - max_prompt_context)
                 n = min(b - a, max_seq_len)
                 mask = shard["loss_mask"][a : a + n].bool()
                 if n < 3 or not bool(mask[1:].any()):
