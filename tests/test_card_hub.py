@@ -187,6 +187,15 @@ def test_results_describe_one_set_of_weights(tmp_path):
     assert results["head_sha256"] == weights_sha256(tmp_path) and "eval" not in results and "speed" not in results
     assert results["hardware"] == "the new machine"
     assert "dropped" not in assemble_results(str(tmp_path))  # said once, on the run that dropped them
+    # a comparison given again on the run that drops the old one is not reported dropped (it was measured anew)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps({"training": RESULTS["training"]}))
+    stale = json.loads((tmp_path / "results.json").read_text()) | {"head_sha256": "0" * 64, "comparison": []}
+    (tmp_path / "results.json").write_text(json.dumps(stale))
+    results = assemble_results(str(tmp_path), extra={"hardware": "the new machine"}, compare={"other": str(other)})
+    assert [row["name"] for row in results["comparison"]] == ["other"]
+    assert "dropped" not in results  # hardware and the comparison given again, hub_name re-derived
 
 
 def test_card_of_a_head_trained_in_stages(tmp_path):

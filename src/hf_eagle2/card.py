@@ -496,10 +496,6 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
             results.setdefault("commands", {}).update(value)
         else:
             results[key] = value
-    if results.get("dropped"):  # name only what this command did not measure again
-        results["dropped"] = [key for key in results["dropped"] if key not in results]
-        if not results["dropped"]:
-            del results["dropped"]
     if compare:
         rows, seen = [], []
         for name, path in compare.items():
@@ -511,6 +507,10 @@ def assemble_results(folder: str, eval_json: str | list[str] | None = None, benc
                     seen.append(measured)
                     rows.append(row)
         results["comparison"] = rows
+    if results.get("dropped"):  # name only what this command did not measure again
+        results["dropped"] = [key for key in results["dropped"] if key not in results]
+        if not results["dropped"]:
+            del results["dropped"]
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     return results
