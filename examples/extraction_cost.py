@@ -9,6 +9,8 @@ are (relative to each row's largest feature).
 
     python examples/extraction_cost.py --dtype bfloat16 --batch-size 64 --max-new-tokens 384 --chunk-steps 0,32
 
+`--min-prompt-tokens 384 --max-prompt-tokens 1024` times a batch of the long-prompt band instead.
+
 `--kernels stock,fast` repeats each way with the target's linears on oneDNN prepacked weights (`optimize_for_cpu`,
 as `bench` and `eval-head --kernels fast` run them), in the order given, and compares with the first way's answers.
 On a Zen 4 EPYC (2 threads, bf16, 64 prompts, 32 steps per call) both ran 201 tokens/s with bit-identical answers
@@ -36,6 +38,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--max-prompt-tokens", type=int, default=384)
+    parser.add_argument("--min-prompt-tokens", type=int, default=0,
+                        help="only prompts longer than this, as extract --min-prompt-tokens picks a band's")
     parser.add_argument("--skip-conversations", type=int, default=4000, help="where in the training split to start")
     parser.add_argument("--chunk-steps", default="0,32", help="decode steps per generate call, comma-separated")
     parser.add_argument("--second-pass", action="store_true", help="also time generate + one forward over the answers")
@@ -48,7 +52,8 @@ def main() -> None:
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     prompts = []
     for conv in itertools.islice(iter_sharegpt(split="train"), args.skip_conversations, None):
-        prompts += [p for p in turn_prompts(tokenizer, conv) if len(p) <= args.max_prompt_tokens]
+        band = [p for p in turn_prompts(tokenizer, conv) if args.min_prompt_tokens < len(p) <= args.max_prompt_tokens]
+        prompts += band
         if len(prompts) >= args.batch_size:
             break
     prompts = sorted(prompts[: args.batch_size], key=len)
