@@ -345,6 +345,36 @@ def test_static_cache_generation(tree):
         assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("tree", ["eagle2", "chain", None])
+def test_reserved_cache_generation(tree):
+    """A `reserved_cache` (in-place KV writes into spare slots) passed as `cache=`: plain and tree generate give
+    plain's tokens, in a batch with left padding (rows accepting different lengths leave holes) and alone, and a
+    reserve of 3 slots makes the buffers grow (copy) many times in one answer."""
+    from hf_eagle2.reserved_cache import ReservedLayer, reserved_cache
+
+    model = tiny_model("llama", seed=1)
+    draft = trained_tiny_draft(model, "llama")
+    ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 8], [0, 9, 12, 3, 3]])
+    mask = (ids != 0).long()
+    kw = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+    ref = model.generate(ids, **kw).sequences
+    size = dict(tree_total_tokens=8) if tree == "eagle2" else dict(tree_depth=3)
+    spec = {} if tree is None else dict(assistant_model=draft, tree=tree, **size)
+    cache = reserved_cache(model.config, reserve=3)
+    out = model.generate(ids, cache=cache, **spec, **kw)
+    assert torch.equal(out.sequences, ref)
+    assert out.cache is cache and all(type(layer) is ReservedLayer for layer in cache.layers)
+    dynamic = model.generate(ids, **spec, **kw).cache  # as long as the default cache (tree rounds may leave holes)
+    assert cache.layers[0].keys.shape[-2] == cache.get_seq_length() == dynamic.get_seq_length()
+    for mine, theirs in zip(cache.layers, dynamic.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys)
+    for row in range(ids.shape[0]):
+        one = ids[row : row + 1, (1 - mask[row]).sum() :]
+        alone = model.generate(one, cache=reserved_cache(model.config, reserve=3), max_new_tokens=30, do_sample=False,
+                               **spec)  # fmt: skip
+        assert torch.equal(alone, model.generate(one, max_new_tokens=30, do_sample=False))
+
+
 def test_batched_cache_with_holes_is_refused_for_reuse():
     model = tiny_model("llama", seed=1)
     draft = trained_tiny_draft(model, "llama")

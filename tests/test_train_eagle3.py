@@ -291,9 +291,10 @@ def test_self_distilled_rows_leave_the_batch_once_their_answer_ends(target, monk
         assert ids.tolist() == alone[0].tolist() and start == len(p)
     calls, generate = [], target.generate
     monkeypatch.setattr(target, "generate", lambda ids, **kw: calls.append(ids.shape[0]) or generate(ids, **kw))
-    for chunk in (1, 4, 5):
+    for chunk, reserve in ((1, 256), (4, 2), (5, None)):  # reserved caches that grow rarely / often, DynamicCache
         calls.clear()
-        chunked = generate_with_features(target, prompts, new, eos, 0, aux_layers=layers, chunk_steps=chunk)
+        chunked = generate_with_features(target, prompts, new, eos, 0, aux_layers=layers, chunk_steps=chunk,
+                                         reserve=reserve)  # fmt: skip
         for (ids, feats, aux, start), (ids1, feats1, aux1, start1) in zip(chunked, one_call, strict=True):
             assert torch.equal(ids, ids1) and start == start1
             torch.testing.assert_close(feats, feats1, rtol=1e-4, atol=1e-5)

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..modeling_eagle3 import official_feature_ids
+from ..reserved_cache import DEFAULT_RESERVE, ReservedLayer, concat_rows, reserved_cache
 from ..target import causal_lm_forward, hidden_states_request, select_features
 from .data import Conversation, iter_sharegpt, render_with_loss_mask
 
@@ -98,7 +99,7 @@ GENERATE_CHUNK_STEPS = 32
 @torch.inference_mode()
 def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int], pad_id: int,
                            draft=None, aux_layers: tuple[int, ...] = (),
-                           chunk_steps: int | None = GENERATE_CHUNK_STEPS):  # fmt: skip
+                           chunk_steps: int | None = GENERATE_CHUNK_STEPS, reserve: int | None = DEFAULT_RESERVE):  # fmt: skip
     """Batched greedy answers with every token's final hidden state.
 
     The answers come from `model.generate`, so extraction has no decode loop of its own. Without a head, generate
@@ -117,7 +118,7 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
     feature_ids = (*aux_layers, -1)
     if draft is None:
         sequences, hidden = _generate_in_chunks(model, ids, attn, max_new_tokens + 1, eos_ids, pad_id, feature_ids,
-                                                chunk_steps)  # fmt: skip
+                                                chunk_steps, reserve)  # fmt: skip
     else:
         sequences = model.generate(ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
                                    eos_token_id=eos_ids, pad_token_id=pad_id, assistant_model=draft,
@@ -134,17 +135,25 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
 
 
 def _generate_in_chunks(model, ids: torch.Tensor, attn: torch.Tensor, max_steps: int, eos_ids: list[int], pad_id: int,
-                        feature_ids: tuple[int, ...], chunk_steps: int | None):  # fmt: skip
+                        feature_ids: tuple[int, ...], chunk_steps: int | None, reserve: int | None):  # fmt: skip
     """Greedy `generate` of left-padded prompts (B, W) for up to `max_steps` tokens per row, stopping a row one
     step after its EOS (`_EosFedBack`), in calls of `chunk_steps` steps; between calls the rows that stopped leave
     the batch (`Cache.batch_select_indices`) and the others continue from the same cache (generate feeds only the
     uncached last token). Returns sequences (B, W + n), right-padded with pad_id, and per row the `feature_ids`
-    states of every position it fed (W + n_b - 1, F)."""
+    states of every position it fed (W + n_b - 1, F).
+
+    reserve: the cache is a `reserved_cache` with that many spare slots per growth (None: generate's own
+    DynamicCache, which copies itself every step), and all but the last prompt token are prefilled in row groups
+    (`_prefill_in_groups`) before the first call."""
     width, eos = ids.shape[1], torch.tensor(eos_ids, device=ids.device)
     rows = list(range(ids.shape[0]))  # the input row of each batch row
     sequences, hidden = [None] * len(rows), [[] for _ in rows]
     criteria = StoppingCriteriaList([_EosFedBack(eos_ids, width)])
-    cache, done_steps = None, 0
+    cache, done_steps = (None if reserve is None else reserved_cache(model.config, reserve)), 0
+    if cache is not None and width > 1 and all(type(layer) is ReservedLayer for layer in cache.layers):
+        cache, prompt_states = _prefill_in_groups(model, ids[:, :-1], attn[:, :-1], feature_ids, reserve)
+        for b in rows:
+            hidden[b].append(prompt_states[b])
     while True:
         out = model.generate(ids, attention_mask=attn, cache=cache, do_sample=False,
                              max_new_tokens=min(chunk_steps or max_steps, max_steps - done_steps), eos_token_id=None,
@@ -172,6 +181,30 @@ def _generate_in_chunks(model, ids: torch.Tensor, attn: torch.Tensor, max_steps:
         ids, rows = out.sequences[keep], [rows[b] for b in keep]
     padded = torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=pad_id)
     return padded, [torch.cat(parts) for parts in hidden]
+
+
+def _prefill_in_groups(model, ids: torch.Tensor, attn: torch.Tensor, feature_ids: tuple[int, ...], reserve: int,
+                       max_batch_tokens: int | None = None):  # fmt: skip
+    """Runs left-padded prompts (B, W) through the model in groups of rows of at most `max_batch_tokens` padded
+    tokens (default FORWARD_BATCH_TOKENS), at generate's positions (mask cumsum; padding at 0). Returns their
+    reserved cache (all B rows, W entries) and features (B, W, F).
+
+    One forward over a whole 64-row batch of long prompts is slower than its parts (its (B, heads, W, W) masks,
+    as in `forward_features`): in `examples/extraction_cost.py --reserve` the band batch took 270.4 s with the
+    reserved cache and generate's own prefill, 254.5 s and 241.2 s (two runs) with this one. A row's keys, values
+    and features do not depend on the rows beside it (explicit positions, padding mask) up to kernel rounding; its
+    last prompt token runs in generate's first step, so answers differ from generate's own prefill by bf16
+    rounding only (see the example)."""
+    group = max(1, (max_batch_tokens or FORWARD_BATCH_TOKENS) // ids.shape[1])
+    pos = (attn.cumsum(-1) - 1).masked_fill(attn == 0, 0)
+    caches, states = [], []
+    for start in range(0, ids.shape[0], group):
+        part = slice(start, start + group)
+        cache = reserved_cache(model.config, reserve)
+        states.append(causal_lm_forward(model, ids[part], pos[part], attn[part], cache, logits_to_keep=1,
+                                        feature_ids=feature_ids)[0])  # fmt: skip
+        caches.append(cache)
+    return concat_rows(caches), torch.cat(states)
 
 
 def answered_rows(sequences: torch.Tensor, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int]):
