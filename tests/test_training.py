@@ -219,6 +219,15 @@ def test_max_prompt_context_keeps_every_answer_position_and_the_prompts_last_pos
         FeatureSet.load([real_features], 256, max_prompt_context=0)
 
 
+def test_a_preloaded_feature_set_with_a_prompt_cut_in_the_config_is_refused(smollm2, real_features, tmp_path):
+    """TrainConfig.max_prompt_context applies where the Trainer loads config.data itself; with data= the set is
+    already loaded, so the setting would be ignored without a word."""
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 256)
+    with pytest.raises(ValueError, match="pass max_prompt_context to FeatureSet.load"):
+        Trainer(_config(tmp_path, max_prompt_context=4), model, data=data, progress=False)
+
+
 def _config(out, **kw):
     base = dict(data=[], out=str(out), draft_vocab_size=2048, epochs=5, lr=1e-3, warmup_steps=2, batch_tokens=1024,
                 save_every=3, eval_every=10**9, seed=0)  # fmt: skip

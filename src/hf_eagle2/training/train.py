@@ -322,6 +322,10 @@ class Trainer:
         if config.autocast == "bfloat16" and target_model.device.type == "cpu":
             warn_if_bf16_emulated("training with autocast")
         eagle3 = config.head == "eagle3"
+        if data is not None and config.max_prompt_context is not None:
+            raise ValueError("max_prompt_context cuts the rows FeatureSet.load reads from config.data; a preloaded "
+                             "data= set was cut (or not) when it was loaded: pass max_prompt_context to "
+                             "FeatureSet.load")  # fmt: skip
         self.data = data or FeatureSet.load(config.data, config.max_seq_len, eagle3, config.max_prompt_context)
         # held-out rows keep their whole prompts: the head is measured as generate runs it
         self.val = val_data if val_data is not None else (
