@@ -1,9 +1,10 @@
 """A dynamic KV cache that keeps spare room, so a decode step writes its entry in place instead of copying the cache.
 
 `DynamicLayer.update` grows keys and values by `torch.cat`, which copies every cached entry on every forward.
-For one row of a few hundred tokens that is noise; for a batch of long rows it is the step: a 64-row extraction
-batch of ~1,000-token prompts holds ~1.9 GB of SmolLM2 keys and values, and `aten::cat` was 48% of a decode step's
-CPU time there (`examples/extraction_cost.py` measures the whole answer both ways). `ReservedLayer` stores them
+For one row of a few hundred tokens that is noise; for a batch of long rows it is a large part of the step: a
+64-row extraction batch of ~1,000-token prompts holds up to ~2 GB of SmolLM2 keys and values (23 kB per token in
+bf16), copied on every decode step (`examples/extraction_cost.py --reserve none,256` times a whole batch both
+ways). `ReservedLayer` stores them
 in buffers (B, heads, capacity, D) and hands attention views (B, heads, length, D) of the filled part; a buffer
 grows by `reserve` slots at a time, so the copy happens once per `reserve` tokens instead of once per step.
 
