@@ -50,19 +50,55 @@ def test_in_place_writes_reach_the_buffer():
 
 def test_concat_rows_joins_caches_of_equal_length_and_refuses_others():
     model = tiny_model("llama", seed=1)
-    parts = [reserved_cache(model.config, reserve=2) for _ in range(3)]
-    for i, cache in enumerate(parts):
+
+    def filled(rows, n, seed):
+        cache = reserved_cache(model.config, reserve=2)
         for index in range(len(cache.layers)):
-            cache.update(*kv(i + 1, 5, seed=10 * i + index), index)
-    expected = [torch.cat([c.layers[0].keys for c in parts])]
+            cache.update(*kv(rows, n, seed=seed + index), index)
+        return cache
+
+    parts = [filled(i + 1, 5, seed=10 * i) for i in range(3)]
+    expected = [(torch.cat([c.layers[i].keys for c in parts]), torch.cat([c.layers[i].values for c in parts]))
+                for i in range(len(parts[0].layers))]  # fmt: skip
     joined = concat_rows(parts)
-    assert torch.equal(joined.layers[0].keys, expected[0]) and joined.layers[0].keys.shape[0] == 6
-    joined.update(*kv(6, 1, seed=99), 0)  # still writes in place into the joined buffers
-    assert joined.layers[0].keys.shape[-2] == 6
-    short = reserved_cache(model.config, reserve=2)
-    for index in range(len(short.layers)):
-        short.update(*kv(1, 4, seed=index), index)
+    for layer, (keys, values) in zip(joined.layers, expected, strict=True):
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+    assert not parts[1].layers[0].is_initialized  # the other caches were emptied as their rows moved
+    new = kv(6, 1, seed=99)
+    joined.update(*new, 0)  # still writes in place into the joined buffers
+    assert torch.equal(joined.layers[0].keys, torch.cat([expected[0][0], new[0]], dim=2))
     with pytest.raises(ValueError, match="equal lengths"):
-        concat_rows([parts[1], short])
+        concat_rows([filled(1, 5, seed=0), filled(1, 4, seed=0)])
     with pytest.raises(ValueError, match="initialized ReservedLayer"):
-        concat_rows([parts[1], reserved_cache(model.config, reserve=2)])
+        concat_rows([filled(1, 5, seed=0), reserved_cache(model.config, reserve=2)])
+
+
+def test_beam_reorder_and_reset():
+    layer, dynamic = ReservedLayer(reserve=2), DynamicLayer()
+    k, v = kv(3, 4, seed=5)
+    layer.update(k, v), dynamic.update(k, v)
+    beams = torch.tensor([2, 2, 0])
+    layer.reorder_cache(beams), dynamic.reorder_cache(beams)
+    layer.update(*kv(3, 1, seed=6)), dynamic.update(*kv(3, 1, seed=6))
+    assert torch.equal(layer.keys, dynamic.keys) and torch.equal(layer.values, dynamic.values)
+    layer.reset()
+    assert layer.get_seq_length() == 0
+    layer.update(k, v)
+    assert torch.equal(layer.keys, k)
+    with pytest.raises(NotImplementedError, match="offloading"):
+        layer.offload()
+
+
+def test_a_one_token_prompt_beside_longer_ones():
+    """Its prefill row (all but the last prompt token) is padding only; the answers and features are those of
+    generate's own DynamicCache prefill."""
+    from hf_eagle2.training.features import aux_layer_ids, generate_with_features
+
+    model = tiny_model("llama", seed=1)
+    prompts = [[5], [3, 4, 5, 6, 7, 8, 9], [12, 13]]
+    ref = generate_with_features(model, prompts, 10, [4], 0, aux_layers=aux_layer_ids(model), reserve=None)
+    out = generate_with_features(model, prompts, 10, [4], 0, aux_layers=aux_layer_ids(model), reserve=3)
+    for (ids, feats, aux, start), (ids1, feats1, aux1, start1) in zip(out, ref, strict=True):
+        assert torch.equal(ids, ids1) and start == start1 and not feats.isnan().any()
+        torch.testing.assert_close(feats, feats1, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(aux, aux1, rtol=1e-4, atol=1e-5)

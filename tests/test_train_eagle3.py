@@ -8,6 +8,8 @@ import torch
 from conftest import tiny_model
 
 from hf_eagle2 import Eagle3DraftModel, EagleDraftModel
+from hf_eagle2.reserved_cache import concat_rows
+from hf_eagle2.training import features
 from hf_eagle2.training.data import iter_sharegpt
 from hf_eagle2.training.features import (
     aux_layer_ids,
@@ -57,8 +59,6 @@ def test_aux_features_are_the_three_layers_of_the_same_forward(target):
 def test_forward_features_groups_rows_by_length_and_keeps_their_order(target, monkeypatch):
     """Rows of mixed lengths run in length-sorted groups under a padded-token budget; each row gets its own
     states (those of a forward over it alone), in the order given, whatever the grouping."""
-    from hf_eagle2.training import features
-
     g = torch.Generator().manual_seed(2)
     rows = [torch.randint(3, 32, (n,), generator=g).tolist() for n in (9, 3, 14, 5, 5, 11, 2)]
     layers = aux_layer_ids(target)
@@ -291,6 +291,9 @@ def test_self_distilled_rows_leave_the_batch_once_their_answer_ends(target, monk
         assert ids.tolist() == alone[0].tolist() and start == len(p)
     calls, generate = [], target.generate
     monkeypatch.setattr(target, "generate", lambda ids, **kw: calls.append(ids.shape[0]) or generate(ids, **kw))
+    joined = []  # how many row groups each reserved run prefilled apart (16 padded tokens per forward: 2 rows)
+    monkeypatch.setattr(features, "FORWARD_BATCH_TOKENS", 16)
+    monkeypatch.setattr(features, "concat_rows", lambda caches: joined.append(len(caches)) or concat_rows(caches))
     for chunk, reserve in ((1, 256), (4, 2), (5, None)):  # reserved caches that grow rarely / often, DynamicCache
         calls.clear()
         chunked = generate_with_features(target, prompts, new, eos, 0, aux_layers=layers, chunk_steps=chunk,
@@ -302,6 +305,7 @@ def test_self_distilled_rows_leave_the_batch_once_their_answer_ends(target, monk
         # a row answering n tokens with EOS stops once step n + 1 fed it back; one without runs all new + 1 steps
         steps = range(0, new + 1, chunk)
         assert calls == [sum(not e or n + 1 > done for n, e in zip(answers, ended)) for done in steps], chunk
+    assert joined == [3, 3]  # the prompts (width 9) were prefilled in 3 groups of 2 rows, with each reserved cache
 
 
 def test_eagle3_training_needs_aux_features(target, tmp_path):

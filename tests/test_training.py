@@ -220,12 +220,15 @@ def test_max_prompt_context_keeps_every_answer_position_and_the_prompts_last_pos
 
 
 def test_a_preloaded_feature_set_with_a_prompt_cut_in_the_config_is_refused(smollm2, real_features, tmp_path):
-    """TrainConfig.max_prompt_context applies where the Trainer loads config.data itself; with data= the set is
-    already loaded, so the setting would be ignored without a word."""
+    """TrainConfig.max_prompt_context applies where the Trainer loads config.data itself; a data= set was cut when
+    it was loaded, so another setting would be ignored without a word (the same one is recorded for resuming)."""
     model, _ = smollm2
-    data = FeatureSet.load([real_features], 256)
-    with pytest.raises(ValueError, match="pass max_prompt_context to FeatureSet.load"):
-        Trainer(_config(tmp_path, max_prompt_context=4), model, data=data, progress=False)
+    whole, cut = FeatureSet.load([real_features], 256), FeatureSet.load([real_features], 256, max_prompt_context=4)
+    for data, setting in ((whole, 4), (cut, None), (cut, 8)):
+        with pytest.raises(ValueError, match="pass max_prompt_context to FeatureSet.load"):
+            Trainer(_config(tmp_path, max_prompt_context=setting), model, data=data, progress=False)
+    trainer = Trainer(_config(tmp_path, max_prompt_context=4), model, data=cut, progress=False)  # the same cut
+    assert trainer.data is cut
 
 
 def _config(out, **kw):

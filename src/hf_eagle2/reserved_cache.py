@@ -82,6 +82,15 @@ class ReservedLayer(DynamicLayer):
             self._value_buffer = self._value_buffer[indices]
             self._refresh_views()
 
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.is_initialized:
+            self._key_buffer = self._key_buffer.index_select(0, beam_idx.to(self._key_buffer.device))
+            self._value_buffer = self._value_buffer.index_select(0, beam_idx.to(self._value_buffer.device))
+            self._refresh_views()
+
+    def offload(self):
+        raise NotImplementedError("a ReservedLayer keeps its buffers on their device; use DynamicCache(offloading=True)")
+
     def reset(self) -> None:
         self._key_buffer = self._value_buffer = None
         self.length = 0
@@ -97,8 +106,12 @@ def reserved_cache(config, reserve: int = DEFAULT_RESERVE) -> DynamicCache:
 
 def concat_rows(caches: list[DynamicCache]) -> DynamicCache:
     """The first of `caches` (all reserved, all layers holding the same number of entries and slots) extended to hold
-    every cache's rows in order, along the batch: how rows prefilled in separate forwards become one batch's cache."""
+    every cache's rows in order, along the batch: how rows prefilled in separate forwards become one batch's cache.
+    The other caches are emptied layer by layer as their rows move, so the rows are held twice only for one layer at
+    a time."""
     first = caches[0]
+    if len(caches) == 1:
+        return first
     for index, layer in enumerate(first.layers):
         parts = [cache.layers[index] for cache in caches]
         if not all(type(p) is ReservedLayer and p.is_initialized for p in parts):
@@ -108,4 +121,6 @@ def concat_rows(caches: list[DynamicCache]) -> DynamicCache:
         layer._key_buffer = torch.cat([p._key_buffer for p in parts])
         layer._value_buffer = torch.cat([p._value_buffer for p in parts])
         layer._refresh_views()
+        for p in parts[1:]:
+            p.reset()
     return first

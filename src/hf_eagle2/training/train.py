@@ -137,6 +137,7 @@ class FeatureSet:
     offsets: torch.Tensor
     aux: torch.Tensor | list[torch.Tensor] | None = None
     rows: torch.Tensor | None = None
+    max_prompt_context: int | None = None  # the cut `load` applied (None: whole prompts)
 
     @staticmethod
     def load(folders: list[str], max_seq_len: int, aux: bool = False,
@@ -174,7 +175,8 @@ class FeatureSet:
         if not ids:
             raise ValueError(f"no usable sequences in {folders}")
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(lengths).cumsum(0)])
-        return FeatureSet(torch.cat(ids), feats, torch.cat(masks), offsets, auxs if aux else None, torch.tensor(rows))
+        return FeatureSet(torch.cat(ids), feats, torch.cat(masks), offsets, auxs if aux else None, torch.tensor(rows),
+                          max_prompt_context)  # fmt: skip
 
     @property
     def num_sequences(self) -> int:
@@ -322,10 +324,10 @@ class Trainer:
         if config.autocast == "bfloat16" and target_model.device.type == "cpu":
             warn_if_bf16_emulated("training with autocast")
         eagle3 = config.head == "eagle3"
-        if data is not None and config.max_prompt_context is not None:
-            raise ValueError("max_prompt_context cuts the rows FeatureSet.load reads from config.data; a preloaded "
-                             "data= set was cut (or not) when it was loaded: pass max_prompt_context to "
-                             "FeatureSet.load")  # fmt: skip
+        if data is not None and data.max_prompt_context != config.max_prompt_context:
+            raise ValueError(f"the config's max_prompt_context is {config.max_prompt_context}, the preloaded data= set "
+                             f"was loaded with {data.max_prompt_context}: the cut is made when a set is loaded, so "
+                             "pass max_prompt_context to FeatureSet.load as well")  # fmt: skip
         self.data = data or FeatureSet.load(config.data, config.max_seq_len, eagle3, config.max_prompt_context)
         # held-out rows keep their whole prompts: the head is measured as generate runs it
         self.val = val_data if val_data is not None else (
