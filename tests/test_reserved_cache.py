@@ -33,7 +33,7 @@ def test_reserved_layer_matches_a_dynamic_layer():
             batch *= arg
         assert torch.equal(reserved.keys, dynamic.keys) and torch.equal(reserved.values, dynamic.values), (i, op)
         assert reserved.get_seq_length() == dynamic.get_seq_length()
-    assert reserved._key_buffer.shape[-2] > reserved.length  # spare slots remain after the last growth
+    assert reserved.buffer.keys.shape[-2] > reserved.buffer.length  # spare slots remain after the last growth
     with pytest.raises(ValueError, match="positive number of slots"):
         ReservedLayer(reserve=0)
 

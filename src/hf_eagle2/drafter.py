@@ -6,7 +6,7 @@ for every accepted position t whose target feature is known. Each round it
 1. feeds the pairs whose features arrived since the last round (`add_features`: the target's final hidden
    states at the root and at each accepted node), and
 2. expands a draft tree from the head's output at the root, on top of that cache. The tree's own KV entries
-   are written after the context in the same preallocated buffer (`HeadKV`) and rolled back when the tree is
+   are written after the context in the same preallocated buffer (`KVBuffer`) and rolled back when the tree is
    built, so the cache never holds drafted (unverified) positions and no step copies the whole cache.
 """
 
@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from .modeling_eagle import EagleDraftModel, HeadKV
+from .modeling_eagle import EagleDraftModel
 from .ngram import NgramProposer
+from .reserved_cache import KVBuffer
 from .tree import (
     EAGLE1_TREE,
     DraftTree,
@@ -119,7 +120,7 @@ class EagleDrafter:
         self.context_start = context_start
         self.options = options
         self.budget = budget
-        self.kv = HeadKV()
+        self.kv = KVBuffer()
         self.ctx_valid: torch.BoolTensor | None = None  # (B, C): False for padding / holes
         self.pending: list[torch.Tensor] = []  # target features (B, T, H) not fed to the head yet
         self.pending_valid: list[torch.BoolTensor | None] = []

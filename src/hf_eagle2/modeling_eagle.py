@@ -47,6 +47,7 @@ from .head_formats import (
     save_head,
     weights_sha256,
 )
+from .reserved_cache import KVBuffer
 
 logger = logging.get_logger(__name__)
 
@@ -65,41 +66,6 @@ _REQUIRED = [
 ]
 # Present in some official checkpoints, never needed: the target supplies embeddings; RoPE is recomputed.
 _IGNORED = re.compile(r"^(embed_tokens\.weight|.*rotary_emb\.inv_freq)$")
-
-
-class HeadKV:
-    """Preallocated keys and values of the head's layer: (B, H_kv, capacity, D) each, the first `length` filled.
-
-    `append` writes a step's T entries after the filled ones and returns views over all of them, so a step
-    copies only its own entries (a `torch.cat` would copy the whole cache at every step). The buffer doubles
-    when full. The drafter rolls a round's tree entries back with `truncate(context_length)`.
-    """
-
-    def __init__(self, capacity: int = 256):
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-        self.length = 0
-        self._initial = capacity
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> KVCache:
-        """keys, values: (B, H_kv, T, D) -> views (B, H_kv, length + T, D) over everything written so far."""
-        num = keys.shape[2]
-        end = self.length + num
-        if self.keys is None or end > self.keys.shape[2]:
-            capacity = max(self._initial, 2 * end)
-            grown_k = keys.new_empty(*keys.shape[:2], capacity, keys.shape[3])
-            grown_v = values.new_empty(*values.shape[:2], capacity, values.shape[3])
-            if self.keys is not None and self.length:
-                grown_k[:, :, : self.length] = self.keys[:, :, : self.length]
-                grown_v[:, :, : self.length] = self.values[:, :, : self.length]
-            self.keys, self.values = grown_k, grown_v
-        self.keys[:, :, self.length : end] = keys
-        self.values[:, :, self.length : end] = values
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-    def truncate(self, length: int) -> None:
-        self.length = min(self.length, length)
 
 
 class EagleAttention(nn.Module):
@@ -121,11 +87,11 @@ class EagleAttention(nn.Module):
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
-        past_key_value: KVCache | HeadKV | None,
-    ) -> tuple[torch.Tensor, KVCache | HeadKV]:
+        past_key_value: KVCache | KVBuffer | None,
+    ) -> tuple[torch.Tensor, KVCache | KVBuffer]:
         """x: (B, T, H); attention_mask: (B, 1, T, S) bool, True = attend, S = past + T; None = causal.
 
-        past_key_value: a (keys, values) tuple (returns this step's own (keys, values)), or a `HeadKV` that
+        past_key_value: a (keys, values) tuple (returns this step's own (keys, values)), or a `KVBuffer` that
         this step appends to (returned)."""
         bsz, q_len, _ = x.shape
         q = self.q_proj(x).view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
@@ -133,7 +99,7 @@ class EagleAttention(nn.Module):
         v = self.v_proj(x).view(bsz, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *cos_sin)
         new_kv = (k, v)
-        if isinstance(past_key_value, HeadKV):
+        if isinstance(past_key_value, KVBuffer):
             k, v = past_key_value.append(k, v)
             new_kv = past_key_value
         elif past_key_value is not None:
@@ -348,15 +314,15 @@ class EagleDraftModel(PreTrainedModel):
         features: torch.Tensor,
         position_ids: torch.LongTensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_value: KVCache | HeadKV | None = None,
+        past_key_value: KVCache | KVBuffer | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, KVCache | HeadKV]:
+    ) -> tuple[torch.Tensor, KVCache | KVBuffer]:
         """One head step over T pairs (feature_t, token_{t+1}).
 
         input_ids: (B, T) tokens t+1 (or inputs_embeds (B, T, H)); features: (B, T, H) target (or drafted)
         features at t; position_ids: (B, T) = t; attention_mask: (B, 1, T, S) bool over past + new keys, or None
         for plain causal attention without a cache. Returns the predicted features (B, T, H) and the new
-        (keys, values) of these T positions, each (B, H_kv, T, D), or with a `HeadKV` cache that cache.
+        (keys, values) of these T positions, each (B, H_kv, T, D), or with a `KVBuffer` cache that cache.
         """
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)

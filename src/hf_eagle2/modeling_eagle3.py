@@ -49,7 +49,8 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from .configuration_eagle import Eagle3Config
 from .cpu_kernels import is_optimized
 from .head_formats import save_head
-from .modeling_eagle import EagleAttention, EagleDraftModel, HeadKV, KVCache, _merged_vocab, _TargetBinding
+from .modeling_eagle import EagleAttention, EagleDraftModel, KVCache, _merged_vocab, _TargetBinding
+from .reserved_cache import KVBuffer
 
 
 def official_feature_ids(num_layers: int) -> tuple[int, ...]:
@@ -283,9 +284,9 @@ class Eagle3DraftModel(EagleDraftModel):
         features: torch.Tensor,
         position_ids: torch.LongTensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_value: KVCache | HeadKV | None = None,
+        past_key_value: KVCache | KVBuffer | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, KVCache | HeadKV]:
+    ) -> tuple[torch.Tensor, KVCache | KVBuffer]:
         """One head step over T pairs (feature_t, token_{t+1}); features (B, T, H): `project_features` of the
         target's, or the head's own outputs. Returns the pre-norm outputs (B, T, H) and the cache (see
         `EagleDraftModel.forward`)."""
