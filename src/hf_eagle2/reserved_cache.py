@@ -111,7 +111,8 @@ class ReservedLayer(DynamicLayer):
         self._select_rows(beam_idx)
 
     def offload(self):
-        raise NotImplementedError("a ReservedLayer keeps its buffers on their device; use DynamicCache(offloading=True)")
+        raise NotImplementedError(
+            "a ReservedLayer keeps its buffers on their device; use DynamicCache(offloading=True)")
 
     def reset(self) -> None:
         self.buffer = KVBuffer(self.buffer.reserve)

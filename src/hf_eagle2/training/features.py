@@ -98,8 +98,8 @@ GENERATE_CHUNK_STEPS = 32
 
 @torch.inference_mode()
 def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int], pad_id: int,
-                           draft=None, aux_layers: tuple[int, ...] = (),
-                           chunk_steps: int | None = GENERATE_CHUNK_STEPS, reserve: int | None = DEFAULT_RESERVE):  # fmt: skip
+                           draft=None, aux_layers: tuple[int, ...] = (), chunk_steps: int | None = GENERATE_CHUNK_STEPS,
+                           reserve: int | None = DEFAULT_RESERVE):
     """Batched greedy answers with every token's final hidden state.
 
     The answers come from `model.generate`, so extraction has no decode loop of its own. Without a head, generate
