@@ -62,6 +62,40 @@ def cmd_export_tokens(args) -> None:
     print(json.dumps(export_tokens(args.data, args.out), indent=2))
 
 
+def cmd_export_prompts(args) -> None:
+    from .assets import load_model
+    from .training.answers import export_prompts
+
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    first, last = args.shards
+    summary = export_prompts(model, tokenizer, args.out, range(first, 2**62 if last is None else last + 1),
+                             split=args.split, turns=args.turns, max_prompt_tokens=args.max_prompt_tokens,
+                             min_prompt_tokens=args.min_prompt_tokens, max_new_tokens=args.max_new_tokens,
+                             batch_size=args.batch_size, eagle3=args.eagle3)  # fmt: skip
+    print(json.dumps(summary, indent=2))
+
+
+def cmd_answer(args) -> None:
+    from .assets import load_model
+    from .training.answers import answer_prompts
+    from .training.tokens import read_tokens
+
+    import torch
+
+    _threads(args.threads)
+    model, tokenizer = load_model(args.model, dtype=args.dtype or read_tokens(args.tokens).meta["dtype"])
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    summary = answer_prompts(model.to(device), tokenizer, args.tokens, args.out, rows_per_call=args.rows_per_call,
+                             rows_per_write=args.rows_per_write, time_limit=args.time_limit)  # fmt: skip
+    print(json.dumps(summary, indent=2))
+
+
+def cmd_join_tokens(args) -> None:
+    from .training.answers import join_archives
+
+    print(json.dumps(join_archives(args.tokens, args.out), indent=2))
+
+
 def cmd_rebuild_features(args) -> None:
     from .assets import load_model
     from .training.tokens import read_tokens, rebuild_features
@@ -293,6 +327,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="a folder written by extract")
     p.add_argument("--out", required=True, help="the .npz to write")
     p.set_defaults(func=cmd_export_tokens)
+
+    p = sub.add_parser("export-prompts", help="the prompts of extract's work list (self-distillation), as a token "
+                                              "archive that `answer` can answer on another machine")  # fmt: skip
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="float32", help="the dtype the answers are to be written in (the folder's)")
+    p.add_argument("--out", required=True, help="the .npz to write")
+    p.add_argument("--shards", type=shard_range, required=True, help="work-list batches 'A-B', 'A-' or 'A' (the "
+                                                                     "shard files extract would write)")  # fmt: skip
+    p.add_argument("--split", choices=["train", "validation"], default="train")
+    p.add_argument("--turns", choices=["first", "all"], default="first")
+    p.add_argument("--max-prompt-tokens", type=int, default=384)
+    p.add_argument("--min-prompt-tokens", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=384)
+    p.add_argument("--batch-size", type=int, default=48)
+    p.add_argument("--eagle3", action="store_true", help="the folder stores the EAGLE-3 layers (recorded in the meta)")
+    p.set_defaults(func=cmd_export_prompts)
+
+    p = sub.add_parser("answer", help="greedy answers to an export-prompts archive, as a token archive (resumes "
+                                      "from --out; e.g. on a GPU)")  # fmt: skip
+    p.add_argument("--tokens", required=True, help="a .npz written by export-prompts")
+    p.add_argument("--out", required=True, help="the .npz of answered shards to write (or continue)")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default=None, help="default: the one the prompts were exported for")
+    p.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
+    p.add_argument("--rows-per-call", type=int, default=64, help="prompts per generate call")
+    p.add_argument("--rows-per-write", type=int, default=2048, help="about this many prompts (whole shards) between "
+                                                                    "two writes of --out")  # fmt: skip
+    p.add_argument("--time-limit", type=float, default=None, help="seconds: start no group that would end later")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_answer)
+
+    p = sub.add_parser("join-tokens", help="token archives of consecutive shards of one work list, as one")
+    p.add_argument("--tokens", nargs="+", required=True, help="the archives, in shard order")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_join_tokens)
 
     p = sub.add_parser("rebuild-features", help="a feature folder again from export-tokens' .npz: the target's "
                                                 "forward only, no answers to write (resumes from --out)")  # fmt: skip

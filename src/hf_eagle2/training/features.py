@@ -299,6 +299,56 @@ def _sorted_window(window: list, batch_size: int) -> list[list]:
     return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
 
 
+def check_work_settings(responses: str, turns: str, min_prompt_tokens: int, max_prompt_tokens: int) -> None:
+    """Refuses work-list settings that select nothing or mean nothing (ValueError)."""
+    if responses not in ("target", "sharegpt"):
+        raise ValueError("responses must be 'target' or 'sharegpt'")
+    if min_prompt_tokens and responses != "target":
+        raise ValueError("min_prompt_tokens selects the prompts self-distillation answers (responses='target'); "
+                         "original answers are cut by max_seq_tokens")  # fmt: skip
+    if not 0 <= min_prompt_tokens < max_prompt_tokens:
+        raise ValueError(f"min_prompt_tokens ({min_prompt_tokens}) must be in [0, max_prompt_tokens = "
+                         f"{max_prompt_tokens})")  # fmt: skip
+    if turns not in ("first", "all"):
+        raise ValueError("turns must be 'first' or 'all'")
+
+
+def work_items(tokenizer, *, responses: str, split: str, turns: str, min_prompt_tokens: int, max_prompt_tokens: int,
+               max_seq_tokens: int, max_conversations: int | None = None, sharegpt_file: str | None = None,
+               counts: dict | None = None) -> Iterator[tuple[str, list[int], list[int] | None]]:  # fmt: skip
+    """Extraction's work list before batching, lazily: (sequence id, ids, loss mask or None) per conversation
+    (responses="sharegpt": the conversation as written, cut to max_seq_tokens), or per user turn answered by the
+    target (responses="target": the prompt up to that turn, kept when min_prompt_tokens < length <=
+    max_prompt_tokens; turns="first" takes each conversation's first user turn only). `counts` (if given) tracks
+    "sequences" and "conversations" (those that gave at least one sequence; max_conversations counts these)."""
+    counts = {"sequences": 0, "conversations": 0} if counts is None else counts
+    for conv in iter_sharegpt(sharegpt_file, split=split):
+        if max_conversations is not None and counts["conversations"] >= max_conversations:
+            return
+        if responses == "target":
+            prompts = turn_prompts(tokenizer, conv, max_turns=1 if turns == "first" else None)
+            kept = [(f"{conv.id}/{t}", p, None) for t, p in enumerate(prompts)
+                    if min_prompt_tokens < len(p) <= max_prompt_tokens]  # fmt: skip
+        else:
+            ids, mask = render_with_loss_mask(tokenizer, conv.messages, max_tokens=max_seq_tokens)
+            kept = [(conv.id, ids, mask)] if sum(mask) else []
+        counts["sequences"] += len(kept)
+        counts["conversations"] += bool(kept)
+        yield from kept
+
+
+def extraction_meta(model, *, responses: str, split: str, turns: str, max_new_tokens: int, max_prompt_tokens: int,
+                    min_prompt_tokens: int, max_seq_tokens: int, batch_size: int, aux_layers: tuple[int, ...]) -> dict:
+    """What a folder's shards are a function of (shard i holds batch i of the work list): a folder resumes only
+    with the same. dtype: the target's when it wrote the answers; feature_dtype: when it computed the features
+    (stored as fp16 either way); the two differ only in a folder rebuilt in another dtype (`rebuild_features`)."""
+    dtype = str(model.dtype).removeprefix("torch.")
+    return {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
+            "max_prompt_tokens": max_prompt_tokens, "min_prompt_tokens": min_prompt_tokens,
+            "max_seq_tokens": max_seq_tokens, "batch_size": batch_size, "dtype": dtype, "hidden_size": None,
+            "aux_layers": list(aux_layers), "feature_dtype": dtype}  # fmt: skip
+
+
 def extract_features(
     model,
     tokenizer,
@@ -326,44 +376,17 @@ def extract_features(
     three hidden states an EAGLE-3 head reads (`aux_layer_ids`); min_prompt_tokens: self-distillation answers only
     prompts longer than this (and at most max_prompt_tokens long), so a second folder can hold the turns a first
     one's smaller max_prompt_tokens left out, with no answer in both."""
-    if responses not in ("target", "sharegpt"):
-        raise ValueError("responses must be 'target' or 'sharegpt'")
-    if min_prompt_tokens and responses != "target":
-        raise ValueError("min_prompt_tokens selects the prompts self-distillation answers (responses='target'); "
-                         "original answers are cut by max_seq_tokens")  # fmt: skip
-    if not 0 <= min_prompt_tokens < max_prompt_tokens:
-        raise ValueError(f"min_prompt_tokens ({min_prompt_tokens}) must be in [0, max_prompt_tokens = "
-                         f"{max_prompt_tokens})")  # fmt: skip
-    if turns not in ("first", "all"):
-        raise ValueError("turns must be 'first' or 'all'")
+    check_work_settings(responses, turns, min_prompt_tokens, max_prompt_tokens)
     aux_layers = aux_layer_ids(model) if eagle3 else ()
     os.makedirs(out_dir, exist_ok=True)
     pad_id, eos_ids = pad_and_eos_ids(model, tokenizer)
     counts = {"sequences": 0, "conversations": 0}
-
-    def items():  # (sequence id, ids, loss mask or None): one per conversation, or per user turn with turns="all"
-        for conv in iter_sharegpt(sharegpt_file, split=split):
-            if max_conversations is not None and counts["conversations"] >= max_conversations:
-                return  # max_conversations counts conversations that gave at least one sequence
-            if responses == "target":
-                prompts = turn_prompts(tokenizer, conv, max_turns=1 if turns == "first" else None)
-                kept = [(f"{conv.id}/{t}", p, None) for t, p in enumerate(prompts)
-                        if min_prompt_tokens < len(p) <= max_prompt_tokens]  # fmt: skip
-            else:
-                ids, mask = render_with_loss_mask(tokenizer, conv.messages, max_tokens=max_seq_tokens)
-                kept = [(conv.id, ids, mask)] if sum(mask) else []
-            counts["sequences"] += len(kept)
-            counts["conversations"] += bool(kept)
-            yield from kept
-
-    # what the shards are a function of: a folder resumes only with the same (shard i holds batch i of the work list)
-    meta = {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
-            "max_prompt_tokens": max_prompt_tokens, "min_prompt_tokens": min_prompt_tokens,
-            "max_seq_tokens": max_seq_tokens, "batch_size": batch_size,
-            "dtype": str(model.dtype).removeprefix("torch."), "hidden_size": None, "aux_layers": list(aux_layers),
-            "feature_dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
-    # (dtype: the target's when it wrote the answers; feature_dtype: when it computed the features, stored as fp16
-    # either way; the two differ only in a folder rebuilt in another dtype, see rebuild_features)
+    items = work_items(tokenizer, responses=responses, split=split, turns=turns, min_prompt_tokens=min_prompt_tokens,
+                       max_prompt_tokens=max_prompt_tokens, max_seq_tokens=max_seq_tokens,
+                       max_conversations=max_conversations, sharegpt_file=sharegpt_file, counts=counts)  # fmt: skip
+    meta = extraction_meta(model, responses=responses, split=split, turns=turns, max_new_tokens=max_new_tokens,
+                           max_prompt_tokens=max_prompt_tokens, min_prompt_tokens=min_prompt_tokens,
+                           max_seq_tokens=max_seq_tokens, batch_size=batch_size, aux_layers=aux_layers)  # fmt: skip
     meta_path = os.path.join(out_dir, "meta.json")
     done = shard_paths([out_dir])
     if done and os.path.exists(meta_path):
@@ -388,7 +411,7 @@ def extract_features(
         os.replace(meta_path + ".tmp", meta_path)
 
     bar = tqdm(total=max_tokens or None, initial=done_tokens, unit="tok", desc=f"features[{responses}]", disable=not progress)
-    for index, batch in enumerate(_batches(items(), batch_size)):
+    for index, batch in enumerate(_batches(items, batch_size)):
         path = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
         if os.path.exists(path):
             continue

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ def export_tokens(folder: str, path: str) -> dict:
         raise ValueError(f"{folder} holds no extracted shards with a meta.json: nothing to export")
     with open(meta_path) as f:
         meta = json.load(f)
-    ids, masks, lengths, per_shard, names = [], [], [], [], []
+    shards_read = []
     for shard in shards:
         tensors = open_shard(shard)
         with open(shard, "rb") as f:  # the sequence ids live in the safetensors header's metadata
@@ -48,24 +49,33 @@ def export_tokens(folder: str, path: str) -> dict:
         spans = list(shard_spans(tensors))
         if len(shard_names) != len(spans):
             raise ValueError(f"{shard} names {len(shard_names)} sequences but holds {len(spans)}")
-        ids.append(tensors["input_ids"].numpy().astype(np.int32))
-        masks.append(tensors["loss_mask"].numpy().astype(bool))
-        lengths += [b - a for a, b in spans]
-        per_shard.append(len(spans))
-        names += shard_names
-    ids_all = np.concatenate(ids)
+        ids, mask = tensors["input_ids"].tolist(), tensors["loss_mask"].bool().tolist()
+        shards_read.append([(name, ids[a:b], mask[a:b]) for name, (a, b) in zip(shard_names, spans)])
+    return write_archive(path, meta, shards_read)
+
+
+def write_archive(path: str, meta: dict, shards: list[list[tuple[str, list[int], list[bool]]]]) -> dict:
+    """Writes `path` (.npz, atomically): per shard its sequences as (sequence id, token ids, loss mask), and `meta`
+    (its tokens and shards counts set to what is written). Returns a summary (tokens, sequences, shards, bytes)."""
+    seqs = [seq for shard in shards for seq in shard]
+    count = sum(len(ids) for _, ids, _ in seqs)
+    ids_all = np.fromiter(chain.from_iterable(ids for _, ids, _ in seqs), dtype=np.int64, count=count)
+    masks = np.fromiter(chain.from_iterable(mask for _, _, mask in seqs), dtype=bool, count=count)
     small = ids_all.max(initial=0) < 2**16  # most vocabularies: half the bytes
+    meta = meta | {"tokens": int(ids_all.size), "shards": len(shards)}
+    tmp = path + ".tmp.npz"
     np.savez_compressed(
-        path,
+        tmp,
         version=np.array(ARCHIVE_VERSION),
         input_ids=ids_all.astype(np.uint16 if small else np.int32),
-        loss_mask=np.packbits(np.concatenate(masks)),
-        lengths=np.array(lengths, dtype=np.int32),
-        shard_sequences=np.array(per_shard, dtype=np.int32),
-        sequence_ids=np.array(names, dtype=str),
+        loss_mask=np.packbits(masks),
+        lengths=np.array([len(ids) for _, ids, _ in seqs], dtype=np.int32),
+        shard_sequences=np.array([len(shard) for shard in shards], dtype=np.int32),
+        sequence_ids=np.array([name for name, _, _ in seqs], dtype=str),
         meta=np.array(json.dumps(meta)),
     )
-    return {"tokens": int(ids_all.size), "sequences": len(lengths), "shards": len(shards),
+    os.replace(tmp, path)
+    return {"tokens": int(ids_all.size), "sequences": len(seqs), "shards": len(shards),
             "bytes": os.path.getsize(path)}  # fmt: skip
 
 
@@ -137,6 +147,11 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
     extend the folder of the answers' dtype, export it and rebuild)."""
     archive = read_tokens(path)
     meta = archive.meta
+    if meta.get("prompts_only"):
+        raise ValueError(f"{path} holds prompts only (export-prompts): answer them first (hf-eagle2 answer)")
+    if meta.get("first_shard", 0):
+        raise ValueError(f"{path} starts at work-list shard {meta['first_shard']}: join it after the archive of the "
+                         "shards before it (hf-eagle2 join-tokens), so shard files keep their work-list numbers")  # fmt: skip
     dtype = str(model.dtype).removeprefix("torch.")
     vocab = model.get_output_embeddings().weight.shape[0]
     if archive.input_ids.max(initial=0) >= vocab:

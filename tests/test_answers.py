@@ -1,0 +1,111 @@
+"""Answers written elsewhere: a folder's first shard extracted here, the rest of its work list exported as prompts,
+answered by `answer` (stopped by its time limit and resumed), joined after the first shard's archive and rebuilt
+into the folder, gives the folder `extract` writes in one go: the same tokens, masks and shard boundaries (fp32
+greedy), features to float rounding."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from hf_eagle2.cli import main
+from hf_eagle2.training import answers
+from hf_eagle2.training.answers import answer_prompts, export_prompts, join_archives
+from hf_eagle2.training.features import extract_features, open_shard, shard_paths
+from hf_eagle2.training.tokens import export_tokens, read_tokens, rebuild_features
+
+WORK = dict(turns="all", max_prompt_tokens=300, min_prompt_tokens=40, max_new_tokens=8, batch_size=2)
+
+
+def _archive_rows(path):
+    archive = read_tokens(path)
+    return [archive.shard(i) for i in range(len(archive.shard_sequences))]
+
+
+def _with_meta(path, out, **changes):
+    """A copy of the archive at `path` whose meta has `changes`."""
+    with np.load(path) as archive:
+        arrays = {k: v for k, v in archive.items() if k != "meta"}
+    np.savez_compressed(out, **arrays, meta=np.array(json.dumps(read_tokens(path).meta | changes)))
+
+
+def test_answers_from_elsewhere_rebuild_the_extracted_folder(smollm2, tmp_path, monkeypatch):
+    model, tokenizer = smollm2
+    whole = str(tmp_path / "whole")
+    # a token budget ends the folder at a shard boundary of the whole work list (max_conversations would cut the
+    # list itself, and with it the length-sorted windows that make the batches)
+    meta = extract_features(model, tokenizer, whole, responses="target", max_tokens=1000, eagle3=True, progress=False,
+                            **WORK)  # fmt: skip
+    shards = meta["shards"]
+    assert shards >= 4
+    # the same work list: its first shard extracted here, the rest exported as prompts
+    part = str(tmp_path / "part")
+    extract_features(model, tokenizer, part, responses="target", max_tokens=1, eagle3=True, progress=False, **WORK)
+    assert len(shard_paths([part])) == 1
+    first = str(tmp_path / "first.npz")
+    export_tokens(part, first)
+    prompts = str(tmp_path / "prompts.npz")
+    main(["export-prompts", "--out", prompts, "--shards", f"1-{shards - 1}", "--eagle3", "--turns", "all",
+          "--max-prompt-tokens", "300", "--min-prompt-tokens", "40", "--max-new-tokens", "8", "--batch-size", "2"])
+    asked = read_tokens(prompts)
+    assert asked.meta["prompts_only"] and asked.meta["first_shard"] == 1 and len(asked.shard_sequences) == shards - 1
+    assert not asked.loss_mask.any()
+    export_tokens(whole, str(tmp_path / "whole.npz"))
+    whole_rows = _archive_rows(str(tmp_path / "whole.npz"))
+    for got, want in zip(_archive_rows(prompts), whole_rows[1:], strict=True):  # each prompt is its answer's prefix
+        assert [(sid, ids) for sid, ids, _ in got] == [(sid, ids[: len(mask) - sum(mask)]) for sid, ids, mask in want]
+    # answered in groups of ~4 rows (two shards, crossed by calls of 3 rows), stopped by the time limit after one
+    # group on a clock that ticks 10 s per reading, then resumed
+    ticks = iter(range(0, 10**6, 10))
+    monkeypatch.setattr(answers, "monotonic", lambda: next(ticks))
+    answered = str(tmp_path / "answered.npz")
+    summary = answer_prompts(model, tokenizer, prompts, answered, rows_per_call=3, rows_per_write=4, time_limit=25,
+                             progress=False)  # fmt: skip
+    assert 1 <= summary["shards"] < shards - 1
+    monkeypatch.undo()
+    summary = answer_prompts(model, tokenizer, prompts, answered, rows_per_call=3, rows_per_write=4, progress=False)
+    assert summary["shards"] == shards - 1 and summary["answered_on"].startswith("cpu: ")
+    assert _archive_rows(answered) == whole_rows[1:]  # fp32 greedy: the answers extract wrote, token for token
+    # joined after the first shard's archive: the whole folder's archive, with where each part was answered
+    joined = str(tmp_path / "joined.npz")
+    main(["join-tokens", "--tokens", first, answered, "--out", joined])
+    assert _archive_rows(joined) == whole_rows
+    sources = read_tokens(joined).meta["answer_sources"]
+    assert [s["shards"] for s in sources] == [[0, 0], [1, shards - 1]] and sources[1]["answered_on"].startswith("cpu")
+    # rebuilt into the folder that holds shard 0: the folder extract wrote in one go
+    rebuild_features(model, joined, part, shards=range(1, shards), progress=False)
+    for a, b in zip(shard_paths([whole]), shard_paths([part]), strict=True):
+        ta, tb = open_shard(a), open_shard(b)
+        for name in ta:
+            if name in ("features", "aux_features"):
+                torch.testing.assert_close(ta[name].float(), tb[name].float(), rtol=2e-3, atol=2e-3, msg=name)
+            else:
+                assert torch.equal(ta[name], tb[name]), name
+    with open(os.path.join(part, "meta.json")) as f:
+        assert json.load(f)["shards"] == shards
+    # what cannot be done is refused, by name
+    with pytest.raises(ValueError, match=f"starts at shard 0; the archives before it end at shard {shards - 1}"):
+        join_archives([answered, first], str(tmp_path / "x.npz"))
+    with pytest.raises(ValueError, match="holds prompts only"):
+        join_archives([first, prompts], str(tmp_path / "x.npz"))
+    with pytest.raises(ValueError, match="holds prompts only"):
+        rebuild_features(model, prompts, str(tmp_path / "x"), progress=False)
+    with pytest.raises(ValueError, match="starts at work-list shard 1: join it after"):
+        rebuild_features(model, answered, str(tmp_path / "x"), progress=False)
+    with pytest.raises(ValueError, match="not a prompt archive"):
+        answer_prompts(model, tokenizer, answered, str(tmp_path / "y.npz"), progress=False)
+    bf16_prompts = str(tmp_path / "bf16.npz")
+    _with_meta(prompts, bf16_prompts, dtype="bfloat16")
+    with pytest.raises(ValueError, match="exported for answers in bfloat16; this target runs in float32"):
+        answer_prompts(model, tokenizer, bf16_prompts, str(tmp_path / "y.npz"), progress=False)
+    other = str(tmp_path / "other.npz")
+    export_prompts(model, tokenizer, other, range(0, 2), **WORK)  # other prompts: not continued into `answered`
+    with pytest.raises(ValueError, match="holds answers to other prompts or settings"):
+        answer_prompts(model, tokenizer, other, answered, progress=False)
+    _with_meta(answered, str(tmp_path / "b4.npz"), batch_size=4)
+    with pytest.raises(ValueError, match="batch_size: 2 -> 4"):
+        join_archives([first, str(tmp_path / "b4.npz")], str(tmp_path / "x.npz"))
+    with pytest.raises(ValueError, match="shards 3-2: not a range of work-list batches"):
+        export_prompts(model, tokenizer, other, range(3, 3), **WORK)
