@@ -31,7 +31,8 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from .features import _batches, aux_layer_ids, check_work_settings, extraction_meta, generate_with_features, work_items
+from .features import (_batches, aux_layer_ids, check_work_settings, extraction_meta, generate_with_features,
+                       pad_and_eos_ids, work_items)
 from .tokens import TokenArchive, read_tokens, write_archive
 
 # meta keys that say where or how much, not what: archives that differ only in these join
@@ -48,7 +49,8 @@ def export_prompts(model, tokenizer, path: str, shards: range, *, split: str = "
     if not shards or shards.start < 0:
         raise ValueError(f"shards {shards.start}-{shards.stop - 1}: not a range of work-list batches")
     items = work_items(tokenizer, responses="target", split=split, turns=turns, min_prompt_tokens=min_prompt_tokens,
-                       max_prompt_tokens=max_prompt_tokens, max_seq_tokens=1024, sharegpt_file=sharegpt_file)  # fmt: skip
+                       max_prompt_tokens=max_prompt_tokens, max_seq_tokens=1024,
+                       sharegpt_file=sharegpt_file)  # fmt: skip
     meta = extraction_meta(model, responses="target", split=split, turns=turns, max_new_tokens=max_new_tokens,
                            max_prompt_tokens=max_prompt_tokens, min_prompt_tokens=min_prompt_tokens,
                            max_seq_tokens=1024, batch_size=batch_size,
@@ -73,14 +75,13 @@ def device_description(model) -> str:
 
 
 def answer_prompts(model, tokenizer, prompts_path: str, out_path: str, *, rows_per_call: int = 64,
-                   rows_per_write: int = 2048, time_limit: float | None = None, progress: bool = True) -> dict:  # fmt: skip
+                   rows_per_write: int = 2048, time_limit: float | None = None,
+                   progress: bool = True) -> dict:  # fmt: skip
     """Greedy answers to the prompts of `prompts_path` (`export_prompts`), written to `out_path` as a token archive
     of the answered shards (resumes: shards already in `out_path` are kept). Groups of whole shards of about
     `rows_per_write` rows are answered in calls of `rows_per_call` rows of similar prompt lengths (sorted within
     the group: less padding), and the archive is rewritten after each group; no group is started that the last
     one's duration says would end past `time_limit` seconds. Returns a summary."""
-    from .features import pad_and_eos_ids
-
     prompts = read_tokens(prompts_path)
     if not prompts.meta.get("prompts_only"):
         raise ValueError(f"{prompts_path} is not a prompt archive (export-prompts): it holds answers already")
@@ -139,8 +140,8 @@ def _answered_so_far(out_path: str, prompts: TokenArchive, meta: dict) -> list[l
     changed = [f"{k}: {previous.meta.get(k)!r} -> {v!r}" for k, v in meta.items()
                if k not in _PLACE_KEYS and previous.meta.get(k) != v]  # fmt: skip
     if changed or previous.meta.get("first_shard") != meta["first_shard"]:
-        raise ValueError(f"{out_path} holds answers to other prompts or settings ({'; '.join(changed) or 'first_shard'})"
-                         ": answer into another file")  # fmt: skip
+        what = "; ".join(changed) or "first_shard"
+        raise ValueError(f"{out_path} holds answers to other prompts or settings ({what}): answer into another file")
     done = [previous.shard(i) for i in range(len(previous.shard_sequences))]
     for index, shard in enumerate(done):
         asked = prompts.shard(index)
@@ -169,8 +170,8 @@ def join_archives(paths: list[str], out_path: str) -> dict:
         if start != next_shard:
             raise ValueError(f"{path} starts at shard {start}; the archives before it end at shard {next_shard - 1}")
         end = start + len(part.shard_sequences)
-        sources += part.meta.get("answer_sources") or [
-            {"shards": [start, end - 1], "answered_on": part.meta.get("answered_on", "extract (the folder's machine)")}]
+        where = part.meta.get("answered_on", "extract, on the machine that wrote the folder (not recorded)")
+        sources += part.meta.get("answer_sources") or [{"shards": [start, end - 1], "answered_on": where}]
         next_shard = end
     shards = [part.shard(i) for part in parts for i in range(len(part.shard_sequences))]
     meta = {k: v for k, v in base.items() if k != "answered_on"} | {"answer_sources": sources}

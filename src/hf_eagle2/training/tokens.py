@@ -151,7 +151,8 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
         raise ValueError(f"{path} holds prompts only (export-prompts): answer them first (hf-eagle2 answer)")
     if meta.get("first_shard", 0):
         raise ValueError(f"{path} starts at work-list shard {meta['first_shard']}: join it after the archive of the "
-                         "shards before it (hf-eagle2 join-tokens), so shard files keep their work-list numbers")  # fmt: skip
+                         "shards before it (hf-eagle2 join-tokens), so shard files keep their "
+                         "work-list numbers")  # fmt: skip
     dtype = str(model.dtype).removeprefix("torch.")
     vocab = model.get_output_embeddings().weight.shape[0]
     if archive.input_ids.max(initial=0) >= vocab:
