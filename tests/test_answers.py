@@ -5,6 +5,7 @@ greedy), features to float rounding."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -24,10 +25,12 @@ def _archive_rows(path):
     return [archive.shard(i) for i in range(len(archive.shard_sequences))]
 
 
-def _with_meta(path, out, **changes):
-    """A copy of the archive at `path` whose meta has `changes`."""
+def _with_meta(path, out, input_ids=None, **changes):
+    """A copy of the archive at `path` whose meta has `changes` (and whose ids are `input_ids(ids)`, if given)."""
     with np.load(path) as archive:
         arrays = {k: v for k, v in archive.items() if k != "meta"}
+    if input_ids is not None:
+        arrays["input_ids"] = input_ids(arrays["input_ids"]).astype(arrays["input_ids"].dtype)
     np.savez_compressed(out, **arrays, meta=np.array(json.dumps(read_tokens(path).meta | changes)))
 
 
@@ -57,11 +60,12 @@ def test_answers_from_elsewhere_rebuild_the_extracted_folder(smollm2, tmp_path, 
     for got, want in zip(_archive_rows(prompts), whole_rows[1:], strict=True):  # each prompt is its answer's prefix
         assert [(sid, ids) for sid, ids, _ in got] == [(sid, ids[: len(mask) - sum(mask)]) for sid, ids, mask in want]
     # answered in groups of ~4 rows (two shards, crossed by calls of 3 rows), stopped by the time limit after one
-    # group on a clock that ticks 10 s per reading, then resumed
+    # group on a clock that ticks 10 s per reading (at 40 s of 45 the next group, estimated at the last one's 10 s,
+    # would end past the limit), then resumed
     ticks = iter(range(0, 10**6, 10))
     monkeypatch.setattr(answers, "monotonic", lambda: next(ticks))
     answered = str(tmp_path / "answered.npz")
-    summary = answer_prompts(model, tokenizer, prompts, answered, rows_per_call=3, rows_per_write=4, time_limit=25,
+    summary = answer_prompts(model, tokenizer, prompts, answered, rows_per_call=3, rows_per_write=4, time_limit=45,
                              progress=False)  # fmt: skip
     assert 1 <= summary["shards"] < shards - 1
     monkeypatch.undo()
@@ -85,6 +89,12 @@ def test_answers_from_elsewhere_rebuild_the_extracted_folder(smollm2, tmp_path, 
                 assert torch.equal(ta[name], tb[name]), name
     with open(os.path.join(part, "meta.json")) as f:
         assert json.load(f)["shards"] == shards
+    # extract extends the folder and adds its own shards to the record of who answered what
+    grown = extract_features(model, tokenizer, part, responses="target", max_tokens=meta["tokens"] + 1, eagle3=True,
+                             progress=False, **WORK)  # fmt: skip
+    assert grown["shards"] == shards + 1 and grown["answer_sources"][:2] == sources
+    assert grown["answer_sources"][2]["shards"] == [shards, shards]
+    assert grown["answer_sources"][2]["answered_on"].startswith("extract, cpu: ")
     # what cannot be done is refused, by name
     with pytest.raises(ValueError, match=f"starts at shard 0; the archives before it end at shard {shards - 1}"):
         join_archives([answered, first], str(tmp_path / "x.npz"))
@@ -102,9 +112,25 @@ def test_answers_from_elsewhere_rebuild_the_extracted_folder(smollm2, tmp_path, 
         answer_prompts(model, tokenizer, bf16_prompts, str(tmp_path / "y.npz"), progress=False)
     other = str(tmp_path / "other.npz")
     export_prompts(model, tokenizer, other, range(0, 2), **WORK)  # other prompts: not continued into `answered`
-    with pytest.raises(ValueError, match="holds answers to other prompts or settings"):
+    with pytest.raises(ValueError, match="holds answers to other prompts, settings or from another machine .*first_shard: 1 -> 0"):
         answer_prompts(model, tokenizer, other, answered, progress=False)
     _with_meta(answered, str(tmp_path / "b4.npz"), batch_size=4)
+    _with_meta(answered, str(tmp_path / "elsewhere.npz"), answered_on="cuda: another machine")
+    with pytest.raises(ValueError, match="from another machine .*answered_on: 'cuda: another machine' -> 'cpu"):
+        answer_prompts(model, tokenizer, prompts, str(tmp_path / "elsewhere.npz"), progress=False)
+    changed_prompt = str(tmp_path / "changed.npz")
+    _with_meta(prompts, changed_prompt, input_ids=lambda ids: np.where(np.arange(ids.size) == 5, ids + 1, ids))
+    with pytest.raises(ValueError, match="shard 1 answers other prompts than 0 of the prompt archive"):
+        answer_prompts(model, tokenizer, changed_prompt, answered, progress=False)
+    _with_meta(first, str(tmp_path / "again.npz"), first_shard=1)  # the same sequences numbered as the next shard
+    with pytest.raises(ValueError, match="holds sequences an archive before it holds too"):
+        join_archives([first, str(tmp_path / "again.npz")], str(tmp_path / "x.npz"))
+    gap = tmp_path / "gap"
+    gap.mkdir()
+    for name in ("meta.json", "shard_00000.safetensors", "shard_00002.safetensors"):
+        shutil.copy(os.path.join(whole, name), gap / name)
+    with pytest.raises(ValueError, match=r"lacks 1 shard\(s\) before its last \(shard_00001.safetensors first\)"):
+        export_tokens(str(gap), str(tmp_path / "x.npz"))
     with pytest.raises(ValueError, match="batch_size: 2 -> 4"):
         join_archives([first, str(tmp_path / "b4.npz")], str(tmp_path / "x.npz"))
     with pytest.raises(ValueError, match="shards 3-2: not a range of work-list batches"):

@@ -354,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows-per-call", type=int, default=64, help="prompts per generate call")
     p.add_argument("--rows-per-write", type=int, default=2048, help="about this many prompts (whole shards) between "
                                                                     "two writes of --out")  # fmt: skip
-    p.add_argument("--time-limit", type=float, default=None, help="seconds: start no group that would end later")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds from the first group (after the model loads): start no group that would end later")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_answer)
 

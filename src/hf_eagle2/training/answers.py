@@ -24,27 +24,35 @@ The joined archive records which machine answered which shards (`answer_sources`
 from __future__ import annotations
 
 import os
-import platform
 from time import monotonic
 
-import torch
-import transformers
 from tqdm.auto import tqdm
 
-from .features import (_batches, aux_layer_ids, check_work_settings, extraction_meta, generate_with_features,
-                       pad_and_eos_ids, work_items)
+from .features import (_batches, aux_layer_ids, check_work_settings, device_description, extraction_meta,
+                       generate_with_features, pad_and_eos_ids, work_items)
 from .tokens import TokenArchive, read_tokens, write_archive
 
-# meta keys that say where or how much, not what: archives that differ only in these join
-_PLACE_KEYS = ("tokens", "shards", "hidden_size", "first_shard", "answered_on", "answer_sources", "sequences_reached")
+# meta keys that say where or how much, or describe features rather than tokens: archives that differ only in these
+# join (a resume also compares answered_on: one archive's answers come from one machine)
+_PLACE_KEYS = ("tokens", "shards", "hidden_size", "feature_dtype", "first_shard", "answered_on", "answer_sources",
+               "sequences_reached")  # fmt: skip
+_DEFAULTS = {"min_prompt_tokens": 0}  # settings older folders lack, as extract reads them
 
 
-def export_prompts(model, tokenizer, path: str, shards: range, *, split: str = "train", turns: str = "all",
-                   max_prompt_tokens: int = 1024, min_prompt_tokens: int = 0, max_new_tokens: int = 384,
-                   batch_size: int = 64, eagle3: bool = False, sharegpt_file: str | None = None) -> dict:  # fmt: skip
+def _setting_differences(a: dict, b: dict, skip: tuple[str, ...]) -> list[str]:
+    """'key: a -> b' for every setting (the union of both metas' keys, minus `skip`) the two disagree on."""
+    a, b = _DEFAULTS | a, _DEFAULTS | b
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(a.keys() | b.keys())
+            if k not in skip and a.get(k) != b.get(k)]  # fmt: skip
+
+
+def export_prompts(model, tokenizer, path: str, shards: range, *, turns: str, max_prompt_tokens: int,
+                   min_prompt_tokens: int, max_new_tokens: int, batch_size: int, split: str = "train",
+                   eagle3: bool = False, sharegpt_file: str | None = None) -> dict:  # fmt: skip
     """Writes `path` (.npz): the prompts of work-list batches `shards` (to the list's end if it is shorter) as
-    prompt-only sequences. `model` gives the meta `extract` would write (its dtype is the one the answers are to
-    be written in, its depth the EAGLE-3 layers). Returns a summary (shards, sequences, tokens, bytes)."""
+    prompt-only sequences. The work-list settings have no defaults here: they must be the folder's (extract's own
+    defaults differ from a band's). `model` gives the meta `extract` would write (its dtype is the one the answers
+    are to be written in, its depth the EAGLE-3 layers). Returns a summary (shards, sequences, tokens, bytes)."""
     check_work_settings("target", turns, min_prompt_tokens, max_prompt_tokens)
     if not shards or shards.start < 0:
         raise ValueError(f"shards {shards.start}-{shards.stop - 1}: not a range of work-list batches")
@@ -65,13 +73,6 @@ def export_prompts(model, tokenizer, path: str, shards: range, *, split: str = "
         raise ValueError(f"the work list ends before shard {shards.start}: no prompts to export")
     meta |= {"prompts_only": True, "first_shard": shards.start}
     return write_archive(path, meta, picked)
-
-
-def device_description(model) -> str:
-    """Where answers are written, for the archive: device, torch and transformers versions."""
-    device = model.get_output_embeddings().weight.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
-    return f"{device.type}: {name}; torch {torch.__version__}; transformers {transformers.__version__}"
 
 
 def answer_prompts(model, tokenizer, prompts_path: str, out_path: str, *, rows_per_call: int = 64,
@@ -137,15 +138,17 @@ def _answered_so_far(out_path: str, prompts: TokenArchive, meta: dict) -> list[l
     if not os.path.exists(out_path):
         return []
     previous = read_tokens(out_path)
-    changed = [f"{k}: {previous.meta.get(k)!r} -> {v!r}" for k, v in meta.items()
-               if k not in _PLACE_KEYS and previous.meta.get(k) != v]  # fmt: skip
-    if changed or previous.meta.get("first_shard") != meta["first_shard"]:
-        what = "; ".join(changed) or "first_shard"
-        raise ValueError(f"{out_path} holds answers to other prompts or settings ({what}): answer into another file")
+    resume_skip = tuple(k for k in _PLACE_KEYS if k not in ("answered_on", "first_shard"))
+    changed = _setting_differences(previous.meta, meta, resume_skip)
+    if changed:
+        raise ValueError(f"{out_path} holds answers to other prompts, settings or from another machine "
+                         f"({'; '.join(changed)}): answer into another file (export-prompts from the next shard, "
+                         "then join-tokens)")  # fmt: skip
     done = [previous.shard(i) for i in range(len(previous.shard_sequences))]
     for index, shard in enumerate(done):
         asked = prompts.shard(index)
-        if [(sid, ids[: len(p)]) for (sid, ids, _), (_, p, _) in zip(shard, asked)] != [(s, p) for s, p, _ in asked]:
+        if len(shard) != len(asked) or [(sid, ids[: len(p)]) for (sid, ids, _), (_, p, _) in zip(shard, asked)] != \
+                [(s, p) for s, p, _ in asked]:  # fmt: skip
             raise ValueError(f"{out_path}: shard {meta['first_shard'] + index} answers other prompts than {index} of "
                              "the prompt archive")  # fmt: skip
     return done
@@ -162,8 +165,7 @@ def join_archives(paths: list[str], out_path: str) -> dict:
     for path, part in zip(paths, parts):
         if part.meta.get("prompts_only"):
             raise ValueError(f"{path} holds prompts only: answer it first (hf-eagle2 answer)")
-        changed = [f"{k}: {base.get(k)!r} -> {v!r}" for k, v in part.meta.items()
-                   if k not in _PLACE_KEYS and base.get(k) != v]  # fmt: skip
+        changed = _setting_differences(base, part.meta, _PLACE_KEYS + ("prompts_only",))
         if changed:
             raise ValueError(f"{path} was made with other settings than {paths[0]} ({'; '.join(changed)})")
         start = int(part.meta.get("first_shard", 0))
@@ -173,8 +175,14 @@ def join_archives(paths: list[str], out_path: str) -> dict:
         where = part.meta.get("answered_on", "extract, on the machine that wrote the folder (not recorded)")
         sources += part.meta.get("answer_sources") or [{"shards": [start, end - 1], "answered_on": where}]
         next_shard = end
+    seen = set()
+    for path, part in zip(paths, parts):
+        if seen & set(part.sequence_ids):
+            raise ValueError(f"{path} holds sequences an archive before it holds too: not one work list's shards")
+        seen |= set(part.sequence_ids)
     shards = [part.shard(i) for part in parts for i in range(len(part.shard_sequences))]
-    meta = {k: v for k, v in base.items() if k != "answered_on"} | {"answer_sources": sources}
+    meta = {k: v for k, v in base.items() if k not in ("answered_on", "sequences_reached")}
+    meta["answer_sources"] = sources
     if first == 0:
         meta.pop("first_shard", None)
     return write_archive(out_path, meta, shards)

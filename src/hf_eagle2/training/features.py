@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import struct
 from dataclasses import dataclass
 from typing import Iterator
 
-import torch
 import numpy as np
+import torch
+import transformers
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -220,6 +222,13 @@ def answered_rows(sequences: torch.Tensor, prompts: list[list[int]], max_new_tok
     return rows
 
 
+def device_description(model) -> str:
+    """Where answers are written, for a folder's or archive's record: device, torch and transformers versions."""
+    device = model.get_output_embeddings().weight.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    return f"{device.type}: {name}; torch {torch.__version__}; transformers {transformers.__version__}"
+
+
 def pad_and_eos_ids(model, tokenizer) -> tuple[int, list[int]]:
     """The pad id extraction left-pads prompts with (the tokenizer's, else 0) and the ids that end an answer (the
     generation config's EOS, else the tokenizer's)."""
@@ -402,7 +411,19 @@ def extract_features(
             raise ValueError(f"{out_dir} holds shards extracted with other settings ({'; '.join(changed)}): resume "
                              "with the same ones, or extract into another folder")  # fmt: skip
         meta["hidden_size"] = saved.get("hidden_size")
+        if saved.get("answer_sources"):  # shards answered elsewhere (join-tokens): keep the record, add ours
+            meta["answer_sources"] = [dict(source) for source in saved["answer_sources"]]
     done_tokens = sum(int(open_shard(path)["offsets"][-1]) for path in done)
+
+    def record_source(index: int) -> None:  # shard `index` was answered here, by extract
+        if "answer_sources" not in meta:
+            return
+        where = f"extract, {device_description(model)}"
+        last = meta["answer_sources"][-1]
+        if last["answered_on"] == where and last["shards"][1] == index - 1:
+            last["shards"][1] = index
+        else:
+            meta["answer_sources"].append({"shards": [index, index], "answered_on": where})
 
     def write_meta(**final):  # after every shard, so an interrupted extraction leaves its true size
         meta.update(tokens=done_tokens, shards=len(shard_paths([out_dir])), **final)
@@ -431,6 +452,7 @@ def extract_features(
                              None if a is None else a.half()) for b, f, a in zip(batch, feats, aux)]  # fmt: skip
         meta["hidden_size"] = seqs[0].features.shape[-1]
         num = write_shard(path, seqs, ids=[b[0] for b in batch])
+        record_source(index)
         done_tokens += num
         bar.update(num)
         write_meta()

@@ -40,6 +40,11 @@ def export_tokens(folder: str, path: str) -> dict:
         raise ValueError(f"{folder} holds no extracted shards with a meta.json: nothing to export")
     with open(meta_path) as f:
         meta = json.load(f)
+    names = [os.path.basename(path) for path in shards]
+    if names != [f"shard_{i:05d}.safetensors" for i in range(len(shards))]:
+        missing = sorted({f"shard_{i:05d}.safetensors" for i in range(int(names[-1][6:11]) + 1)} - set(names))
+        raise ValueError(f"{folder} lacks {len(missing)} shard(s) before its last ({missing[0]} first): an archive "
+                         "numbers its shards 0..n-1, so it would renumber them; fill the gap first")
     shards_read = []
     for shard in shards:
         tensors = open_shard(shard)
