@@ -225,8 +225,19 @@ def answered_rows(sequences: torch.Tensor, prompts: list[list[int]], max_new_tok
 def device_description(model) -> str:
     """Where answers are written, for a folder's or archive's record: device, torch and transformers versions."""
     device = model.get_output_embeddings().weight.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{_cpu_name()}, {torch.get_num_threads()} threads"
     return f"{device.type}: {name}; torch {torch.__version__}; transformers {transformers.__version__}"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def pad_and_eos_ids(model, tokenizer) -> tuple[int, list[int]]:
