@@ -225,10 +225,7 @@ def answered_rows(sequences: torch.Tensor, prompts: list[list[int]], max_new_tok
 def device_description(model) -> str:
     """Where answers are written, for a folder's or archive's record: device, torch and transformers versions."""
     device = model.get_output_embeddings().weight.device
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = f"{_cpu_name()}, {torch.get_num_threads()} threads"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return f"{device.type}: {name}; torch {torch.__version__}; transformers {transformers.__version__}"
 
 
