@@ -26,11 +26,12 @@ from __future__ import annotations
 import os
 from time import monotonic
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from .features import (_batches, aux_layer_ids, check_work_settings, device_description, extraction_meta,
                        generate_with_features, pad_and_eos_ids, work_items)
-from .tokens import TokenArchive, read_tokens, write_archive
+from .tokens import TokenArchive, read_tokens, save_arrays, write_archive
 
 # meta keys that say where or how much, or describe features rather than tokens: archives that differ only in these
 # join (a resume also compares answered_on: one archive's answers come from one machine)
@@ -180,10 +181,14 @@ def join_archives(paths: list[str], out_path: str) -> dict:
         if seen & set(part.sequence_ids):
             raise ValueError(f"{path} holds sequences an archive before it holds too: not one work list's shards")
         seen |= set(part.sequence_ids)
-    shards = [part.shard(i) for part in parts for i in range(len(part.shard_sequences))]
     meta = {k: v for k, v in base.items() if k not in ("answered_on", "sequences_reached")}
     meta["answer_sources"] = sources
     if first == 0:
         meta.pop("first_shard", None)
-    return write_archive(out_path, meta, shards)
+    return save_arrays(out_path, meta,  # the parts' arrays end to end: no sequence is unpacked
+                       input_ids=np.concatenate([part.input_ids.astype(np.int64) for part in parts]),
+                       loss_mask=np.concatenate([part.loss_mask for part in parts]),
+                       lengths=np.concatenate([part.lengths for part in parts]),
+                       shard_sequences=np.concatenate([part.shard_sequences for part in parts]),
+                       sequence_ids=[sid for part in parts for sid in part.sequence_ids])  # fmt: skip
 

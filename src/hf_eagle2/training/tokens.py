@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 import torch
@@ -54,33 +53,44 @@ def export_tokens(folder: str, path: str) -> dict:
         spans = list(shard_spans(tensors))
         if len(shard_names) != len(spans):
             raise ValueError(f"{shard} names {len(shard_names)} sequences but holds {len(spans)}")
-        ids, mask = tensors["input_ids"].tolist(), tensors["loss_mask"].bool().tolist()
+        ids, mask = tensors["input_ids"].numpy(), tensors["loss_mask"].numpy()  # views of the memory map
         shards_read.append([(name, ids[a:b], mask[a:b]) for name, (a, b) in zip(shard_names, spans)])
     return write_archive(path, meta, shards_read)
 
 
-def write_archive(path: str, meta: dict, shards: list[list[tuple[str, list[int], list[bool]]]]) -> dict:
-    """Writes `path` (.npz, atomically): per shard its sequences as (sequence id, token ids, loss mask), and `meta`
-    (its tokens and shards counts set to what is written). Returns a summary (tokens, sequences, shards, bytes)."""
+def write_archive(path: str, meta: dict, shards: list[list[tuple[str, list[int] | np.ndarray, list[bool] | np.ndarray]]]
+                  ) -> dict:  # fmt: skip
+    """Writes `path` (.npz, atomically): per shard its sequences as (sequence id, token ids, loss mask), lists or
+    numpy arrays, and `meta` (its tokens and shards counts set to what is written). Returns a summary (tokens,
+    sequences, shards, bytes)."""
     seqs = [seq for shard in shards for seq in shard]
-    count = sum(len(ids) for _, ids, _ in seqs)
-    ids_all = np.fromiter(chain.from_iterable(ids for _, ids, _ in seqs), dtype=np.int64, count=count)
-    masks = np.fromiter(chain.from_iterable(mask for _, _, mask in seqs), dtype=bool, count=count)
-    small = ids_all.max(initial=0) < 2**16  # most vocabularies: half the bytes
-    meta = meta | {"tokens": int(ids_all.size), "shards": len(shards)}
+    return save_arrays(path, meta,
+                       input_ids=np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids, _ in seqs]),
+                       loss_mask=np.concatenate([np.asarray(mask, dtype=bool) for _, _, mask in seqs]),
+                       lengths=np.array([len(ids) for _, ids, _ in seqs]),
+                       shard_sequences=np.array([len(shard) for shard in shards]),
+                       sequence_ids=[name for name, _, _ in seqs])  # fmt: skip
+
+
+def save_arrays(path: str, meta: dict, *, input_ids: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray,
+                shard_sequences: np.ndarray, sequence_ids: list[str]) -> dict:  # fmt: skip
+    """Writes `path` (.npz, atomically) from the archive's arrays as `TokenArchive` holds them (all sequences end to
+    end); `meta` gets its tokens and shards counts from them. Returns a summary (tokens, sequences, shards, bytes)."""
+    small = input_ids.max(initial=0) < 2**16  # most vocabularies: half the bytes
+    meta = meta | {"tokens": int(input_ids.size), "shards": len(shard_sequences)}
     tmp = path + ".tmp.npz"
     np.savez_compressed(
         tmp,
         version=np.array(ARCHIVE_VERSION),
-        input_ids=ids_all.astype(np.uint16 if small else np.int32),
-        loss_mask=np.packbits(masks),
-        lengths=np.array([len(ids) for _, ids, _ in seqs], dtype=np.int32),
-        shard_sequences=np.array([len(shard) for shard in shards], dtype=np.int32),
-        sequence_ids=np.array([name for name, _, _ in seqs], dtype=str),
+        input_ids=input_ids.astype(np.uint16 if small else np.int32),
+        loss_mask=np.packbits(loss_mask.astype(bool)),
+        lengths=lengths.astype(np.int32),
+        shard_sequences=shard_sequences.astype(np.int32),
+        sequence_ids=np.array(sequence_ids, dtype=str),
         meta=np.array(json.dumps(meta)),
     )
     os.replace(tmp, path)
-    return {"tokens": int(ids_all.size), "sequences": len(seqs), "shards": len(shards),
+    return {"tokens": int(input_ids.size), "sequences": len(sequence_ids), "shards": len(shard_sequences),
             "bytes": os.path.getsize(path)}  # fmt: skip
 
 
