@@ -4,6 +4,7 @@ forward), and `extract` then extends the rebuilt folder as its own."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -12,7 +13,8 @@ from conftest import tiny_model
 
 from hf_eagle2.cli import main
 from hf_eagle2.training.features import extract_features, open_shard, shard_paths
-from hf_eagle2.training.tokens import export_tokens, read_tokens, rebuild_features
+from hf_eagle2.training.tokens import cut_folder, export_tokens, read_tokens, rebuild_features, write_archive
+from hf_eagle2.training.train import FeatureSet
 
 
 def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
@@ -56,6 +58,11 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
     assert grown["shards"] == also["shards"] > meta["shards"] and grown["tokens"] == also["tokens"]
     last_a, last_b = open_shard(shard_paths([original])[-1]), open_shard(shard_paths([rebuilt])[-1])
     assert torch.equal(last_a["input_ids"], last_b["input_ids"])
+    cut = str(tmp_path / "cut")  # a folder cut for training is not extended: new shards would keep whole prompts
+    shutil.copytree(rebuilt, cut)
+    cut_folder(cut, 4, progress=False)
+    with pytest.raises(ValueError, match="keeps only 4 prompt positions before each answer"):
+        extract_features(model, tokenizer, cut, max_conversations=6, **kw)
     # features in another dtype than the answers' (fp32 where a CPU emulates bf16; here a bf16 stand-in target of
     # SmolLM2's vocabulary, for speed): recorded, and a folder for training only
     other_dtype = str(tmp_path / "other-dtype")
@@ -101,3 +108,50 @@ def test_shard_ranges_parse_or_are_refused(capsys):
     with pytest.raises(SystemExit):
         parse("a-3")
     assert "'a-3': shards are 'A-B' (inclusive), 'A-' (to the last) or 'A'" in capsys.readouterr().err
+
+
+def test_cut_prompts_store_what_training_reads(tmp_path):
+    """A folder rebuilt with max_prompt_context N (or cut to it in place) stores less, and a training set loaded
+    from it with a cut of N or less is the whole folder's set, features bit for bit; more context is refused."""
+    model = tiny_model("llama")
+    rng = np.random.default_rng(0)
+    shards = [[(f"s{s}-{j}", rng.integers(3, 32, int(p) + int(n)), [False] * int(p) + [True] * int(n))
+               for j, (p, n) in enumerate(zip(rng.integers(1, 12, 3), rng.integers(1, 6, 3)))] for s in range(3)]
+    archive = str(tmp_path / "tokens.npz")
+    write_archive(archive, {"dtype": "float32", "batch_size": 3}, shards)
+    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+    whole_meta = rebuild_features(model, archive, whole, eagle3=True, progress=False)
+    rebuild_features(model, archive, cut, eagle3=True, shards=range(1, 3), max_prompt_context=5, progress=False)
+    cut_meta = rebuild_features(model, archive, cut, eagle3=True, shards=range(0, 1), max_prompt_context=5,
+                                progress=False)  # fmt: skip
+    prompts = [len(mask) - sum(mask) for shard in shards for _, _, mask in shard]
+    assert max(prompts) > 5  # something to cut
+    assert cut_meta["tokens"] == whole_meta["tokens"] - sum(max(0, p - 5) for p in prompts)
+    assert cut_meta == whole_meta | {"max_prompt_context": 5, "tokens": cut_meta["tokens"]}
+    for n in (5, 3):
+        a, b = (FeatureSet.load([folder], 1024, aux=True, max_prompt_context=n) for folder in (whole, cut))
+        assert torch.equal(a.ids, b.ids) and torch.equal(a.mask, b.mask) and torch.equal(a.offsets, b.offsets)
+        for i, length in enumerate(a.lengths().tolist()):
+            for source_a, source_b in ((a.features, b.features), (a.aux, b.aux)):
+                assert torch.equal(a._rows(source_a, i, length), b._rows(source_b, i, length))
+    for n in (None, 6):  # the cut folder lacks the context these ask for
+        with pytest.raises(ValueError, match="keeps only 5 prompt positions before each answer"):
+            FeatureSet.load([cut], 1024, aux=True, max_prompt_context=n)
+    # cutting a whole folder in place gives the folder the cut rebuild wrote
+    main(["cut-features", "--folder", whole, "--max-prompt-context", "5"])
+    for a, b in zip(shard_paths([whole]), shard_paths([cut]), strict=True):
+        ta, tb = open_shard(a), open_shard(b)
+        assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+    assert json.load(open(os.path.join(whole, "meta.json"))) == cut_meta
+    assert cut_folder(whole, 5, progress=False) == cut_meta  # again: nothing left to cut
+    with pytest.raises(ValueError, match="a cut cannot grow back to 6"):
+        cut_folder(whole, 6, progress=False)
+    with pytest.raises(ValueError, match="an archive of the cut rows would rebuild other features"):
+        export_tokens(cut, str(tmp_path / "x.npz"))
+    with pytest.raises(ValueError, match="keeps 5 prompt positions before each answer, this rebuild would keep "
+                                         "whole prompts"):  # fmt: skip
+        rebuild_features(model, archive, cut, eagle3=True, progress=False)
+    fresh = str(tmp_path / "fresh")
+    rebuild_features(model, archive, fresh, eagle3=True, shards=range(0, 1), progress=False)
+    with pytest.raises(ValueError, match="keeps whole prompts, this rebuild would keep 5 prompt positions"):
+        rebuild_features(model, archive, fresh, eagle3=True, max_prompt_context=5, progress=False)

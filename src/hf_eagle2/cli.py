@@ -1,4 +1,5 @@
-"""`hf-eagle2` command line: extract, export-tokens, rebuild-features, train, eval-head, bench, card, push, demo."""
+"""`hf-eagle2` command line: extract, export-tokens, rebuild-features, cut-features, train, eval-head, bench, card,
+push, demo."""
 
 from __future__ import annotations
 
@@ -107,8 +108,15 @@ def cmd_rebuild_features(args) -> None:
     if args.shards:
         first, last = args.shards
         shards = range(first, len(read_tokens(args.tokens).shard_sequences) if last is None else last + 1)
-    meta = rebuild_features(model, args.tokens, args.out, pad_id=pad_id, eagle3=args.eagle3, shards=shards)
+    meta = rebuild_features(model, args.tokens, args.out, pad_id=pad_id, eagle3=args.eagle3, shards=shards,
+                            max_prompt_context=args.max_prompt_context)  # fmt: skip
     print(json.dumps(meta, indent=2))
+
+
+def cmd_cut_features(args) -> None:
+    from .training.tokens import cut_folder
+
+    print(json.dumps(cut_folder(args.folder, args.max_prompt_context), indent=2))
 
 
 def shard_range(text: str) -> tuple[int, int | None]:
@@ -377,8 +385,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", type=shard_range, default=None, help="only these shards, 'A-B' (inclusive), 'A-' (to "
                                                                     "the last) or 'A': e.g. the answers a head has "
                                                                     "not been trained on yet")  # fmt: skip
+    p.add_argument("--max-prompt-context", type=int, default=None,
+                   help="store each sequence from at most N positions before its answer on (features still from the "
+                        "whole sequence): what train --max-prompt-context N or less reads, in less disk; the folder "
+                        "is then for training only")  # fmt: skip
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_rebuild_features)
+
+    p = sub.add_parser("cut-features", help="cut a feature folder's stored prompts in place, as rebuild-features "
+                                            "--max-prompt-context would have stored them")  # fmt: skip
+    p.add_argument("--folder", required=True)
+    p.add_argument("--max-prompt-context", type=int, required=True)
+    p.set_defaults(func=cmd_cut_features)
 
     p = sub.add_parser("train", help="train an EAGLE head on extracted features (resumes from --out)")
     p.add_argument("--model", default="smollm2")

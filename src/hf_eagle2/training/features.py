@@ -415,6 +415,10 @@ def extract_features(
                              f"{saved['feature_dtype']}: new shards would hold one dtype for both; extend the "
                              f"{saved.get('dtype')} folder the answers came from (or rebuild it from the archive in "
                              f"{saved.get('dtype')}), export its tokens and rebuild")  # fmt: skip
+        if saved.get("max_prompt_context") is not None:
+            raise ValueError(f"{out_dir} keeps only {saved['max_prompt_context']} prompt positions before each answer "
+                             "(a folder cut for training): new shards would keep whole prompts; extend a folder of "
+                             "whole prompts (rebuild-features without --max-prompt-context)")  # fmt: skip
         if changed:
             raise ValueError(f"{out_dir} holds shards extracted with other settings ({'; '.join(changed)}): resume "
                              "with the same ones, or extract into another folder")  # fmt: skip
@@ -529,6 +533,41 @@ def shard_spans(shard: dict[str, torch.Tensor]) -> Iterator[tuple[int, int]]:
     """(first row, end row) of each sequence of an opened shard."""
     offsets = shard["offsets"].tolist()
     return zip(offsets[:-1], offsets[1:])
+
+
+def shard_sequence_ids(path: str) -> list[str]:
+    """The sequence ids a shard names (kept in its safetensors header's metadata)."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return json.loads(header.get("__metadata__", {}).get("ids", "[]"))
+
+
+def stored_prompt_context(folder: str) -> int | None:
+    """The prompt positions a folder keeps before each answer (`rebuild_features(max_prompt_context=)`, `cut_folder`);
+    None: whole prompts."""
+    path = os.path.join(folder, "meta.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("max_prompt_context")
+
+
+def context_start(loss_mask: torch.Tensor, max_prompt_context: int | None) -> int:
+    """Where a sequence ((T,) loss mask) starts when cut to at most `max_prompt_context` positions before its first
+    assistant token: 0 for None or a shorter prompt. The features of what is cut still shaped the ones kept (they
+    come from the target's forward over the whole sequence), so a cut row is for training, not for a rebuild."""
+    if max_prompt_context is None:
+        return 0
+    answers = loss_mask.nonzero()  # (A, 1)
+    first = int(answers[0]) if answers.numel() else loss_mask.numel()
+    return max(0, first - max_prompt_context)
+
+
+def cut_prompt(seq: Sequence, max_prompt_context: int | None) -> Sequence:
+    """`seq` from `context_start` on (views, no copy)."""
+    a = context_start(seq.loss_mask, max_prompt_context)
+    return Sequence(seq.input_ids[a:], seq.features[a:], seq.loss_mask[a:],
+                    None if seq.aux_features is None else seq.aux_features[a:])  # fmt: skip
 
 
 def iter_shards(paths: list[str]) -> Iterator[Sequence]:

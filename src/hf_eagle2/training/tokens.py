@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .features import (Sequence, aux_layer_ids, forward_features, open_shard, setting_changes, shard_paths,
-                       shard_spans, write_shard)
+from .features import (Sequence, aux_layer_ids, cut_prompt, forward_features, open_shard, setting_changes,
+                       shard_paths, shard_sequence_ids, shard_spans, write_shard)
 
 ARCHIVE_VERSION = 1
 
@@ -39,6 +39,11 @@ def export_tokens(folder: str, path: str) -> dict:
         raise ValueError(f"{folder} holds no extracted shards with a meta.json: nothing to export")
     with open(meta_path) as f:
         meta = json.load(f)
+    if meta.get("max_prompt_context") is not None:
+        raise ValueError(f"{folder} keeps only {meta['max_prompt_context']} prompt positions before each answer: the "
+                         "features of its rows came from whole prompts, so an archive of the cut rows would rebuild "
+                         "other features; export the folder of whole prompts (or keep the archive it was rebuilt "
+                         "from)")  # fmt: skip
     names = [os.path.basename(path) for path in shards]
     if names != [f"shard_{i:05d}.safetensors" for i in range(len(shards))]:
         missing = sorted({f"shard_{i:05d}.safetensors" for i in range(int(names[-1][6:11]) + 1)} - set(names))
@@ -47,9 +52,7 @@ def export_tokens(folder: str, path: str) -> dict:
     shards_read = []
     for shard in shards:
         tensors = open_shard(shard)
-        with open(shard, "rb") as f:  # the sequence ids live in the safetensors header's metadata
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        shard_names = json.loads(header.get("__metadata__", {}).get("ids", "[]"))
+        shard_names = shard_sequence_ids(shard)
         spans = list(shard_spans(tensors))
         if len(shard_names) != len(spans):
             raise ValueError(f"{shard} names {len(shard_names)} sequences but holds {len(spans)}")
@@ -149,7 +152,8 @@ def read_tokens(path: str) -> TokenArchive:
 
 
 def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3: bool | None = None,
-                     shards: range | None = None, progress: bool = True) -> dict:  # fmt: skip
+                     shards: range | None = None, max_prompt_context: int | None = None, progress: bool = True
+                     ) -> dict:  # fmt: skip
     """Features of the archive's sequences under `model`, written to `out_dir` shard by shard (resumable: existing
     shards are kept). `eagle3` (default: as the archive's folder) also stores the three layers an EAGLE-3 head
     reads; `shards` (default: all) rebuilds only those shard indices, e.g. the answers a head has not been trained
@@ -159,7 +163,15 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
     The target may run in another dtype than the one that wrote the answers (meta `dtype`), e.g. float32 on a CPU
     without native bf16, where a bf16 forward is ~4.5x slower: the meta then records it as `feature_dtype`, and
     `extract` refuses to extend that folder (its new answers and features would be of one dtype, its old ones not;
-    extend the folder of the answers' dtype, export it and rebuild)."""
+    extend the folder of the answers' dtype, export it and rebuild).
+
+    `max_prompt_context` stores each sequence from at most that many positions before its first answer token on
+    (meta `max_prompt_context`; features still from the forward over the whole sequence): what a training run of
+    the same `max_prompt_context` or less reads, in ~30% less disk for prompts of 384-1,024 tokens. Such a folder
+    is for training only (`export_tokens` and `extract` refuse it), and every shard of a folder has one cut
+    (`cut_folder` cuts a folder's existing shards)."""
+    if max_prompt_context is not None and max_prompt_context < 1:
+        raise ValueError(f"max_prompt_context must be >= 1 (None keeps whole prompts), got {max_prompt_context}")
     archive = read_tokens(path)
     meta = archive.meta
     if meta.get("prompts_only"):
@@ -174,12 +186,19 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
         raise ValueError(f"{path} holds token ids outside this target's vocabulary ({vocab}): another target's tokens")
     aux_layers = aux_layer_ids(model) if (bool(meta.get("aux_layers")) if eagle3 is None else eagle3) else ()
     meta = meta | {"aux_layers": list(aux_layers), "feature_dtype": dtype}
+    if max_prompt_context is not None:
+        meta["max_prompt_context"] = max_prompt_context
     meta.pop("sequences_reached", None)  # where a budgeted run stopped in the work list: not known for a rebuild
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, "meta.json")
     if shard_paths([out_dir]) and os.path.exists(meta_path):
         with open(meta_path) as f:
-            changed = setting_changes(json.load(f), meta, skip=("tokens", "shards", "hidden_size"))
+            saved = json.load(f)
+        if saved.get("max_prompt_context") != max_prompt_context:
+            raise ValueError(f"{out_dir} keeps {_kept(saved.get('max_prompt_context'))}, this rebuild would keep "
+                             f"{_kept(max_prompt_context)}: one folder, one cut (hf-eagle2 cut-features cuts a "
+                             "folder's shards)")  # fmt: skip
+        changed = setting_changes(saved, meta, skip=("tokens", "shards", "hidden_size"))
         if changed:
             raise ValueError(f"{out_dir} holds shards made with other settings ({'; '.join(changed)})")
     every = range(len(archive.shard_sequences))
@@ -188,21 +207,72 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
     todo = every if shards is None else shards
     bar = tqdm(total=sum(archive.shard_tokens(i) for i in todo), unit="tok", desc="rebuild features",
                disable=not progress)  # fmt: skip
+    stored: dict[int, int] = {}  # tokens in each shard file (fewer than the archive's where cut)
     for index in todo:
         out = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
         size = archive.shard_tokens(index)
         if not os.path.exists(out):
             shard = archive.shard(index)
             feats, aux = forward_features(model, [seq[1] for seq in shard], pad_id, aux_layers)
-            seqs = [Sequence(torch.tensor(s[1]), f.half(), torch.tensor(s[2], dtype=torch.bool),
-                             None if a is None else a.half()) for s, f, a in zip(shard, feats, aux)]  # fmt: skip
+            seqs = [cut_prompt(Sequence(torch.tensor(s[1]), f.half(), torch.tensor(s[2], dtype=torch.bool),
+                                        None if a is None else a.half()), max_prompt_context)
+                    for s, f, a in zip(shard, feats, aux)]  # fmt: skip
             meta["hidden_size"] = seqs[0].features.shape[-1]
-            write_shard(out, seqs, ids=[s[0] for s in shard])
+            stored[index] = write_shard(out, seqs, ids=[s[0] for s in shard])
         bar.update(size)
         present = [i for i in every if os.path.exists(os.path.join(out_dir, f"shard_{i:05d}.safetensors"))]
-        meta.update(tokens=sum(archive.shard_tokens(i) for i in present), shards=len(present))
+        for i in present:
+            if i not in stored:
+                stored[i] = int(open_shard(os.path.join(out_dir, f"shard_{i:05d}.safetensors"))["offsets"][-1])
+        meta.update(tokens=sum(stored[i] for i in present), shards=len(present))
         with open(meta_path + ".tmp", "w") as f:
             json.dump(meta, f, indent=2)
         os.replace(meta_path + ".tmp", meta_path)
     bar.close()
+    return meta
+
+
+def _kept(max_prompt_context: int | None) -> str:
+    return "whole prompts" if max_prompt_context is None else f"{max_prompt_context} prompt positions before each " \
+        "answer"
+
+
+def cut_folder(folder: str, max_prompt_context: int, progress: bool = True) -> dict:
+    """Cuts a feature folder's shards in place to what `rebuild_features(max_prompt_context=)` would have stored:
+    each sequence from at most `max_prompt_context` positions before its first answer token on. meta.json records
+    the cut first, then each shard is rewritten atomically, so a stopped cut is finished by running it again.
+    A cut never grows back: a folder already cut to fewer positions is refused. Returns the folder's meta.json."""
+    if max_prompt_context < 1:
+        raise ValueError(f"max_prompt_context must be >= 1, got {max_prompt_context}")
+    meta_path = os.path.join(folder, "meta.json")
+    shards = shard_paths([folder])
+    if not shards or not os.path.exists(meta_path):
+        raise ValueError(f"{folder} holds no feature shards with a meta.json: nothing to cut")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    kept = meta.get("max_prompt_context")
+    if kept is not None and kept < max_prompt_context:
+        raise ValueError(f"{folder} keeps only {kept} prompt positions before each answer: a cut cannot grow back "
+                         f"to {max_prompt_context}")  # fmt: skip
+
+    def write_meta() -> None:
+        with open(meta_path + ".tmp", "w") as f:
+            json.dump(meta, f, indent=2)
+        os.replace(meta_path + ".tmp", meta_path)
+
+    meta["max_prompt_context"] = max_prompt_context
+    write_meta()
+    tokens = 0
+    for path in tqdm(shards, unit="shard", desc="cut features", disable=not progress):
+        data = open_shard(path)
+        aux = data.get("aux_features")
+        seqs = [Sequence(data["input_ids"][a:b], data["features"][a:b], data["loss_mask"][a:b].bool(),
+                         None if aux is None else aux[a:b]) for a, b in shard_spans(data)]  # fmt: skip
+        cut = [cut_prompt(seq, max_prompt_context) for seq in seqs]
+        if any(c.input_ids.numel() != s.input_ids.numel() for c, s in zip(cut, seqs)):
+            tokens += write_shard(path, cut, ids=shard_sequence_ids(path))
+        else:
+            tokens += int(data["offsets"][-1])
+    meta["tokens"] = tokens
+    write_meta()
     return meta

@@ -40,7 +40,8 @@ from tqdm.auto import tqdm
 from ..cpu_kernels import warn_if_bf16_emulated
 from ..modeling_eagle import EagleDraftModel
 from ..modeling_eagle3 import Eagle3DraftModel
-from .features import aux_layer_ids, open_shard, pack_by_length, setting_changes, shard_paths, shard_spans
+from .features import (aux_layer_ids, context_start, open_shard, pack_by_length, setting_changes, shard_paths,
+                       shard_spans, stored_prompt_context)
 
 
 @dataclass
@@ -150,6 +151,12 @@ class FeatureSet:
         `examples/draft_recall.py --max-prompt-context`)."""
         if max_prompt_context is not None and max_prompt_context < 1:
             raise ValueError(f"max_prompt_context must be >= 1 (None keeps whole prompts), got {max_prompt_context}")
+        for folder in folders:
+            stored = stored_prompt_context(folder)
+            if stored is not None and (max_prompt_context is None or max_prompt_context > stored):
+                raise ValueError(f"{folder} keeps only {stored} prompt positions before each answer (its shards were "
+                                 f"cut when stored): train it with max_prompt_context (--max-prompt-context) {stored} "
+                                 "or less, or rebuild it whole")  # fmt: skip
         ids, masks, rows, lengths, feats, auxs = [], [], [], [], [], []
         for path in shard_paths(folders):
             shard = open_shard(path)
@@ -157,10 +164,7 @@ class FeatureSet:
                 raise ValueError(f"{path}: a shard without aux_features; extract with eagle3=True (--eagle3) to "
                                  "train an EAGLE-3 head")  # fmt: skip
             for a, b in shard_spans(shard):
-                if max_prompt_context is not None:
-                    answers = shard["loss_mask"][a:b].nonzero()  # (A, 1) the sequence's assistant positions
-                    first = a + int(answers[0]) if answers.numel() else b
-                    a = max(a, first - max_prompt_context)
+                a += context_start(shard["loss_mask"][a:b], max_prompt_context)
                 n = min(b - a, max_seq_len)
                 mask = shard["loss_mask"][a : a + n].bool()
                 if n < 3 or not bool(mask[1:].any()):
