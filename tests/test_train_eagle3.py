@@ -56,6 +56,22 @@ def test_aux_features_are_the_three_layers_of_the_same_forward(target):
     torch.testing.assert_close(final[0], hs[-1][0])
 
 
+@pytest.mark.parametrize("family", ["qwen2", "gemma3", "cohere", "granite", "gemma2"])
+def test_padded_forwards_give_each_row_its_own_features_in_every_family(family):
+    """Right-padded groups without an attention mask (causality alone hides the padding) give each row the states of
+    a forward over it alone: sliding windows (Gemma3, with a window shorter than the rows), eager attention with
+    soft-capping (Gemma2) and scaled families alike."""
+    model = tiny_model(family, **({"sliding_window": 4} if family in ("gemma3", "gemma2") else {}))
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randint(3, 32, (n,), generator=g).tolist() for n in (9, 3, 14, 5, 11)]
+    layers = aux_layer_ids(model)
+    alone = [forward_features(model, [r], 0, layers) for r in rows]
+    final, aux = forward_features(model, rows, 0, layers, max_batch_tokens=10_000)  # one forward, padded to 14
+    for (ref_final, ref_aux), f, a in zip(alone, final, aux, strict=True):
+        torch.testing.assert_close(f, ref_final[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, ref_aux[0], rtol=1e-5, atol=1e-5)
+
+
 def test_forward_features_groups_rows_by_length_and_keeps_their_order(target, monkeypatch):
     """Rows of mixed lengths run in length-sorted groups under a padded-token budget; each row gets its own
     states (those of a forward over it alone), in the order given, whatever the grouping."""

@@ -288,13 +288,19 @@ def forward_features(model, rows: list[list[int]], pad_id: int, aux_layers: tupl
 
 
 def _padded_forward(model, rows: list[list[int]], pad_id: int, aux_layers: tuple[int, ...]):
-    """`forward_features` of one left-padded batch."""
+    """`forward_features` of one right-padded batch with no attention mask: causality alone keeps every real token
+    from the padding after it, so sdpa runs its causal kernel (`is_causal`, half the attention of an explicit
+    mask, which left padding needs). On 2 cores (SmolLM2 bf16, 24 rows of the band archive's shard 200, ~760
+    tokens each) the forward ran 1.15x faster than left-padded with a mask, its features as far from those as
+    another grouping of the same rows is."""
     device = model.get_output_embeddings().weight.device
-    ids, attn = _left_pad(rows, pad_id, device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    hidden = causal_lm_forward(model, ids, pos, attn, None, logits_to_keep=1, feature_ids=(*aux_layers, -1))[0]
-    width = ids.shape[1]
-    return _split_features([hidden[i, width - len(r) :] for i, r in enumerate(rows)], len(aux_layers))
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    pos = torch.arange(width, device=device).expand(len(rows), width)
+    hidden = causal_lm_forward(model, ids, pos, None, None, logits_to_keep=1, feature_ids=(*aux_layers, -1))[0]
+    return _split_features([hidden[i, : len(r)] for i, r in enumerate(rows)], len(aux_layers))
 
 
 def _batches(items: list, batch_size: int, bucket: int = 8) -> Iterator[list]:
