@@ -48,6 +48,7 @@ from .head_formats import (
     weights_sha256,
 )
 from .reserved_cache import KVBuffer
+from .unrolled_attention import UnrolledMask, unrolled_attention
 
 logger = logging.get_logger(__name__)
 
@@ -89,7 +90,8 @@ class EagleAttention(nn.Module):
         attention_mask: torch.Tensor | None,
         past_key_value: KVCache | KVBuffer | None,
     ) -> tuple[torch.Tensor, KVCache | KVBuffer]:
-        """x: (B, T, H); attention_mask: (B, 1, T, S) bool, True = attend, S = past + T; None = causal.
+        """x: (B, T, H); attention_mask: (B, 1, T, S) bool, True = attend, S = past + T; None = causal; an
+        `UnrolledMask` for a training-time-test pass over a cache of the earlier passes.
 
         past_key_value: a (keys, values) tuple (returns this step's own (keys, values)), or a `KVBuffer` that
         this step appends to (returned)."""
@@ -108,9 +110,12 @@ class EagleAttention(nn.Module):
         is_causal = attention_mask is None and past_key_value is None and q_len > 1
         if attention_mask is None and past_key_value is not None and q_len > 1:
             raise ValueError("a mask is required when feeding several tokens on top of a cache")
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attention_mask, is_causal=is_causal, enable_gqa=self.num_kv_heads != self.num_heads
-        )
+        if isinstance(attention_mask, UnrolledMask):  # a training-time-test pass: one causal kernel, not a mask
+            out = unrolled_attention(q, k, v, attention_mask.passes)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attention_mask, is_causal=is_causal, enable_gqa=self.num_kv_heads != self.num_heads
+            )
         out = out.transpose(1, 2).reshape(bsz, q_len, self.num_heads * self.head_dim)
         return self.o_proj(out), new_kv
 

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from ..cpu_kernels import warn_if_bf16_emulated
 from ..modeling_eagle import EagleDraftModel
 from ..modeling_eagle3 import Eagle3DraftModel
+from ..unrolled_attention import UnrolledMask
 from .features import (aux_layer_ids, context_start, open_shard, pack_by_length, setting_changes, shard_paths,
                        shard_spans, stored_prompt_context)
 
@@ -291,10 +292,8 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
             pred, kv = head(None, inputs, positions, inputs_embeds=embeds)
         else:
             shifted = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)  # own prediction, one step back
-            blocks = [i.view(1, -1) <= i.view(-1, 1) - (s - 1)]  # true pairs strictly before the drafted run
-            blocks += [i.view(1, -1) == i.view(-1, 1) - (s - r) for r in range(2, s + 1)]  # own drafted positions
-            attn = torch.cat(blocks, dim=1)  # (T, s*T); every row sees at least itself (last block)
-            pred, kv = head(None, shifted, positions, attn.view(1, 1, steps, s * steps), past, inputs_embeds=embeds)
+            # the true pairs strictly before the drafted run, and its own drafted positions (every row sees itself)
+            pred, kv = head(None, shifted, positions, UnrolledMask(s), past, inputs_embeds=embeds)
         past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
         pass_sel = sel & (i >= s - 1).view(1, -1)
         pred_sel = pred[pass_sel]
