@@ -290,9 +290,9 @@ def forward_features(model, rows: list[list[int]], pad_id: int, aux_layers: tupl
 def _padded_forward(model, rows: list[list[int]], pad_id: int, aux_layers: tuple[int, ...]):
     """`forward_features` of one right-padded batch with no attention mask: causality alone keeps every real token
     from the padding after it, so sdpa runs its causal kernel (`is_causal`, half the attention of an explicit
-    mask, which left padding needs). On 2 cores (SmolLM2 bf16, 24 rows of the band archive's shard 200, ~760
-    tokens each) the forward ran 1.15x faster than left-padded with a mask, its features as far from those as
-    another grouping of the same rows is."""
+    mask, which left padding needs). On 2 cores (SmolLM2 bf16, the band archive's shards 200-201) it ran 1.13x
+    faster than left-padded under a mask, its features as far from those as another grouping's rounding makes them
+    (`examples/rebuild_cost.py --left-padded`)."""
     device = model.get_output_embeddings().weight.device
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
