@@ -33,12 +33,7 @@ ARCHIVE_VERSION = 1
 def export_tokens(folder: str, path: str) -> dict:
     """Writes `path` (.npz) from the feature folder: every shard's token ids, loss masks and sequence ids, and
     the folder's meta.json. Returns a summary (tokens, sequences, shards, bytes)."""
-    meta_path = os.path.join(folder, "meta.json")
-    shards = shard_paths([folder])
-    if not shards or not os.path.exists(meta_path):
-        raise ValueError(f"{folder} holds no extracted shards with a meta.json: nothing to export")
-    with open(meta_path) as f:
-        meta = json.load(f)
+    shards, meta = _folder(folder, "export")
     if meta.get("max_prompt_context") is not None:
         raise ValueError(f"{folder} keeps only {meta['max_prompt_context']} prompt positions before each answer: the "
                          "features of its rows came from whole prompts, so an archive of the cut rows would rebuild "
@@ -225,9 +220,7 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
             if i not in stored:
                 stored[i] = int(open_shard(os.path.join(out_dir, f"shard_{i:05d}.safetensors"))["offsets"][-1])
         meta.update(tokens=sum(stored[i] for i in present), shards=len(present))
-        with open(meta_path + ".tmp", "w") as f:
-            json.dump(meta, f, indent=2)
-        os.replace(meta_path + ".tmp", meta_path)
+        _write_meta(out_dir, meta)
     bar.close()
     return meta
 
@@ -244,24 +237,13 @@ def cut_folder(folder: str, max_prompt_context: int, progress: bool = True) -> d
     A cut never grows back: a folder already cut to fewer positions is refused. Returns the folder's meta.json."""
     if max_prompt_context < 1:
         raise ValueError(f"max_prompt_context must be >= 1, got {max_prompt_context}")
-    meta_path = os.path.join(folder, "meta.json")
-    shards = shard_paths([folder])
-    if not shards or not os.path.exists(meta_path):
-        raise ValueError(f"{folder} holds no feature shards with a meta.json: nothing to cut")
-    with open(meta_path) as f:
-        meta = json.load(f)
+    shards, meta = _folder(folder, "cut")
     kept = meta.get("max_prompt_context")
     if kept is not None and kept < max_prompt_context:
         raise ValueError(f"{folder} keeps only {kept} prompt positions before each answer: a cut cannot grow back "
                          f"to {max_prompt_context}")  # fmt: skip
-
-    def write_meta() -> None:
-        with open(meta_path + ".tmp", "w") as f:
-            json.dump(meta, f, indent=2)
-        os.replace(meta_path + ".tmp", meta_path)
-
     meta["max_prompt_context"] = max_prompt_context
-    write_meta()
+    _write_meta(folder, meta)
     tokens = 0
     for path in tqdm(shards, unit="shard", desc="cut features", disable=not progress):
         data = open_shard(path)
@@ -274,5 +256,23 @@ def cut_folder(folder: str, max_prompt_context: int, progress: bool = True) -> d
         else:
             tokens += int(data["offsets"][-1])
     meta["tokens"] = tokens
-    write_meta()
+    _write_meta(folder, meta)
     return meta
+
+
+def _folder(folder: str, what: str) -> tuple[list[str], dict]:
+    """A feature folder's shard paths and meta.json (ValueError if it has neither)."""
+    meta_path = os.path.join(folder, "meta.json")
+    shards = shard_paths([folder])
+    if not shards or not os.path.exists(meta_path):
+        raise ValueError(f"{folder} holds no extracted shards with a meta.json: nothing to {what}")
+    with open(meta_path) as f:
+        return shards, json.load(f)
+
+
+def _write_meta(folder: str, meta: dict) -> None:
+    """meta.json, atomically."""
+    path = os.path.join(folder, "meta.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=2)
+    os.replace(path + ".tmp", path)
