@@ -60,7 +60,10 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
     assert torch.equal(last_a["input_ids"], last_b["input_ids"])
     cut = str(tmp_path / "cut")  # a folder cut for training is not extended: new shards would keep whole prompts
     shutil.copytree(rebuilt, cut)
-    cut_folder(cut, 4, progress=False)
+    with pytest.raises(ValueError, match="does not hold shard_0000"):  # extract grew it past the archive
+        cut_folder(cut, 4, archive, progress=False)
+    export_tokens(cut, str(tmp_path / "grown.npz"))
+    cut_folder(cut, 4, str(tmp_path / "grown.npz"), progress=False)
     with pytest.raises(ValueError, match="keeps only 4 prompt positions before each answer"):
         extract_features(model, tokenizer, cut, max_conversations=6, **kw)
     # features in another dtype than the answers' (fp32 where a CPU emulates bf16; here a bf16 stand-in target of
@@ -138,14 +141,18 @@ def test_cut_prompts_store_what_training_reads(tmp_path):
         with pytest.raises(ValueError, match="keeps only 5 prompt positions before each answer"):
             FeatureSet.load([cut], 1024, aux=True, max_prompt_context=n)
     # cutting a whole folder in place gives the folder the cut rebuild wrote
-    main(["cut-features", "--folder", whole, "--max-prompt-context", "5"])
+    part = str(tmp_path / "part.npz")  # an archive without the folder's last shard: its prompts would be lost
+    write_archive(part, {"dtype": "float32", "batch_size": 3}, shards[:2])
+    with pytest.raises(ValueError, match="does not hold shard_00002.safetensors's sequences"):
+        cut_folder(whole, 5, part, progress=False)
+    main(["cut-features", "--folder", whole, "--max-prompt-context", "5", "--tokens", archive])
     for a, b in zip(shard_paths([whole]), shard_paths([cut]), strict=True):
         ta, tb = open_shard(a), open_shard(b)
         assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
     assert json.load(open(os.path.join(whole, "meta.json"))) == cut_meta
-    assert cut_folder(whole, 5, progress=False) == cut_meta  # again: nothing left to cut
+    assert cut_folder(whole, 5, archive, progress=False) == cut_meta  # again: nothing left to cut
     with pytest.raises(ValueError, match="a cut cannot grow back to 6"):
-        cut_folder(whole, 6, progress=False)
+        cut_folder(whole, 6, archive, progress=False)
     with pytest.raises(ValueError, match="an archive of the cut rows would rebuild other features"):
         export_tokens(cut, str(tmp_path / "x.npz"))
     with pytest.raises(ValueError, match="keeps 5 prompt positions before each answer, this rebuild would keep "

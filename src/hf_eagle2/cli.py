@@ -116,7 +116,7 @@ def cmd_rebuild_features(args) -> None:
 def cmd_cut_features(args) -> None:
     from .training.tokens import cut_folder
 
-    print(json.dumps(cut_folder(args.folder, args.max_prompt_context), indent=2))
+    print(json.dumps(cut_folder(args.folder, args.max_prompt_context, args.tokens), indent=2))
 
 
 def shard_range(text: str) -> tuple[int, int | None]:
@@ -396,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
                                             "--max-prompt-context would have stored them")  # fmt: skip
     p.add_argument("--folder", required=True)
     p.add_argument("--max-prompt-context", type=int, required=True)
+    p.add_argument("--tokens", required=True, help="a token archive holding every shard of the folder whole (the "
+                                                   "one it was rebuilt from, or export-tokens of it before the cut): "
+                                                   "the cut drops prompt tokens for good")  # fmt: skip
     p.set_defaults(func=cmd_cut_features)
 
     p = sub.add_parser("train", help="train an EAGLE head on extracted features (resumes from --out)")

@@ -112,6 +112,11 @@ class TokenArchive:
         first = int(self.shard_sequences[:index].sum())
         return range(first, first + int(self.shard_sequences[index]))
 
+    def shard_ids(self, index: int) -> list[str]:
+        """The sequence ids of shard `index`."""
+        seqs = self._sequences(index)
+        return self.sequence_ids[seqs.start : seqs.stop]
+
     def shard_tokens(self, index: int) -> int:
         """Tokens in shard `index`."""
         seqs = self._sequences(index)
@@ -230,14 +235,25 @@ def _kept(max_prompt_context: int | None) -> str:
         "answer"
 
 
-def cut_folder(folder: str, max_prompt_context: int, progress: bool = True) -> dict:
+def cut_folder(folder: str, max_prompt_context: int, archive: str, progress: bool = True) -> dict:
     """Cuts a feature folder's shards in place to what `rebuild_features(max_prompt_context=)` would have stored:
     each sequence from at most `max_prompt_context` positions before its first answer token on. meta.json records
     the cut first, then each shard is rewritten atomically, so a stopped cut is finished by running it again.
-    A cut never grows back: a folder already cut to fewer positions is refused. Returns the folder's meta.json."""
+    A cut never grows back: a folder already cut to fewer positions is refused. Returns the folder's meta.json.
+
+    The cut drops prompt tokens for good (a cut folder cannot be exported), so `archive` must be a token archive
+    that holds every shard of the folder, whole (`export_tokens` of it before the cut, or the archive it was
+    rebuilt from): each shard's sequence ids are checked against it first."""
     if max_prompt_context < 1:
         raise ValueError(f"max_prompt_context must be >= 1, got {max_prompt_context}")
     shards, meta = _folder(folder, "cut")
+    tokens_kept = read_tokens(archive)
+    for path in shards:
+        index = int(os.path.basename(path)[6:11])
+        if index >= len(tokens_kept.shard_sequences) or shard_sequence_ids(path) != tokens_kept.shard_ids(index):
+            raise ValueError(f"{archive} does not hold {os.path.basename(path)}'s sequences: the cut would drop "
+                             "prompt tokens kept nowhere else; export the folder first (hf-eagle2 export-tokens) "
+                             "and name that archive")  # fmt: skip
     kept = meta.get("max_prompt_context")
     if kept is not None and kept < max_prompt_context:
         raise ValueError(f"{folder} keeps only {kept} prompt positions before each answer: a cut cannot grow back "

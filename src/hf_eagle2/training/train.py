@@ -157,7 +157,8 @@ class FeatureSet:
             if stored is not None and (max_prompt_context is None or max_prompt_context > stored):
                 raise ValueError(f"{folder} keeps only {stored} prompt positions before each answer (its shards were "
                                  f"cut when stored): train it with max_prompt_context (--max-prompt-context) {stored} "
-                                 "or less, or rebuild it whole")  # fmt: skip
+                                 "or less, or rebuild it whole (held-out folders, --val-data, are read whole: "
+                                 "rebuild them without a cut)")  # fmt: skip
         ids, masks, rows, lengths, feats, auxs = [], [], [], [], [], []
         for path in shard_paths(folders):
             shard = open_shard(path)
