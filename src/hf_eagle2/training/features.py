@@ -576,11 +576,15 @@ def cut_prompt(seq: Sequence, max_prompt_context: int | None) -> Sequence:
                     None if seq.aux_features is None else seq.aux_features[a:])  # fmt: skip
 
 
+def shard_sequences(data: dict[str, torch.Tensor]) -> Iterator[Sequence]:
+    """The sequences of an opened shard (features as views of it)."""
+    aux = data.get("aux_features")
+    for a, b in shard_spans(data):
+        yield Sequence(data["input_ids"][a:b].long(), data["features"][a:b], data["loss_mask"][a:b].bool(),
+                       None if aux is None else aux[a:b])  # fmt: skip
+
+
 def iter_shards(paths: list[str]) -> Iterator[Sequence]:
     """Sequences of every shard under the given folders, in shard order (views of the memory-mapped shards)."""
     for path in shard_paths(paths):
-        data = open_shard(path)
-        aux = data.get("aux_features")
-        for a, b in shard_spans(data):
-            yield Sequence(data["input_ids"][a:b].long(), data["features"][a:b], data["loss_mask"][a:b].bool(),
-                           None if aux is None else aux[a:b])  # fmt: skip
+        yield from shard_sequences(open_shard(path))

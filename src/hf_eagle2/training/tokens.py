@@ -11,7 +11,8 @@ meta.json, shard i holding batch i of the same work list, so `extract --max-toke
 
 Rebuilt shards hold the original tokens, masks and boundaries; their features equal the extracted ones to float
 rounding (extraction records them from generate's prefill and decode steps, the rebuild from teacher-forced
-padded forwards; on another machine the kernels' rounding adds to that, as a new extraction's would).
+padded forwards; on another machine the kernels' rounding adds to that, as a new extraction's would). A folder
+for training only may keep just the prompt positions a training run reads (`max_prompt_context`, `cut_folder`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .features import (Sequence, aux_layer_ids, cut_prompt, forward_features, open_shard, setting_changes,
-                       shard_paths, shard_sequence_ids, shard_spans, write_shard)
+                       shard_paths, shard_sequence_ids, shard_sequences, shard_spans, write_shard)
 
 ARCHIVE_VERSION = 1
 
@@ -248,9 +249,10 @@ def cut_folder(folder: str, max_prompt_context: int, archive: str, progress: boo
         raise ValueError(f"max_prompt_context must be >= 1, got {max_prompt_context}")
     shards, meta = _folder(folder, "cut")
     tokens_kept = read_tokens(archive)
+    names = {path: shard_sequence_ids(path) for path in shards}
     for path in shards:
         index = int(os.path.basename(path)[6:11])
-        if index >= len(tokens_kept.shard_sequences) or shard_sequence_ids(path) != tokens_kept.shard_ids(index):
+        if index >= len(tokens_kept.shard_sequences) or names[path] != tokens_kept.shard_ids(index):
             raise ValueError(f"{archive} does not hold {os.path.basename(path)}'s sequences: the cut would drop "
                              "prompt tokens kept nowhere else; export the folder first (hf-eagle2 export-tokens) "
                              "and name that archive")  # fmt: skip
@@ -263,12 +265,10 @@ def cut_folder(folder: str, max_prompt_context: int, archive: str, progress: boo
     tokens = 0
     for path in tqdm(shards, unit="shard", desc="cut features", disable=not progress):
         data = open_shard(path)
-        aux = data.get("aux_features")
-        seqs = [Sequence(data["input_ids"][a:b], data["features"][a:b], data["loss_mask"][a:b].bool(),
-                         None if aux is None else aux[a:b]) for a, b in shard_spans(data)]  # fmt: skip
+        seqs = list(shard_sequences(data))
         cut = [cut_prompt(seq, max_prompt_context) for seq in seqs]
         if any(c.input_ids.numel() != s.input_ids.numel() for c, s in zip(cut, seqs)):
-            tokens += write_shard(path, cut, ids=shard_sequence_ids(path))
+            tokens += write_shard(path, cut, ids=names[path])
         else:
             tokens += int(data["offsets"][-1])
     meta["tokens"] = tokens
