@@ -12,7 +12,7 @@ import torch
 from conftest import tiny_model
 
 from hf_eagle2.cli import main
-from hf_eagle2.training.features import extract_features, open_shard, shard_paths
+from hf_eagle2.training.features import extract_features, open_shard, shard_index, shard_name, shard_paths
 from hf_eagle2.training.tokens import cut_folder, export_tokens, read_tokens, rebuild_features, write_archive
 from hf_eagle2.training.train import FeatureSet
 
@@ -101,6 +101,18 @@ def test_rebuilt_folder_is_the_extracted_one_and_extends(smollm2, tmp_path):
 def test_export_needs_an_extracted_folder(tmp_path):
     with pytest.raises(ValueError, match="no extracted shards"):
         export_tokens(str(tmp_path), str(tmp_path / "x.npz"))
+
+
+def test_shard_names_round_trip_and_order_by_index(tmp_path):
+    for index in (0, 42, 99_999, 100_000):
+        assert shard_index(os.path.join("some", "folder", shard_name(index))) == index
+    for other in ("meta.json", "shard_00001.safetensors.tmp", "shard_0001.safetensors", "shard_x0001.safetensors"):
+        with pytest.raises(ValueError, match="is not a feature shard's name"):
+            shard_index(other)
+    for name in [shard_name(i) for i in (100_000, 3, 99_999)] + ["meta.json", "shard_00004.safetensors.tmp"]:
+        (tmp_path / name).touch()
+    # past 99,999 the names grow a digit: string order would put shard 100,000 before 3
+    assert [shard_index(p) for p in shard_paths([str(tmp_path)])] == [3, 99_999, 100_000]
 
 
 def test_shard_ranges_parse_or_are_refused(capsys):

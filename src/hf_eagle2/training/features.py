@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import struct
 from dataclasses import dataclass
 from typing import Iterator
@@ -451,7 +452,7 @@ def extract_features(
 
     bar = tqdm(total=max_tokens or None, initial=done_tokens, unit="tok", desc=f"features[{responses}]", disable=not progress)
     for index, batch in enumerate(_batches(items, batch_size)):
-        path = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
+        path = os.path.join(out_dir, shard_name(index))
         if os.path.exists(path):
             continue
         if max_tokens is not None and done_tokens >= max_tokens:
@@ -529,10 +530,29 @@ def setting_changes(saved: dict, now: dict, skip: tuple[str, ...] = ()) -> list[
     return [f"{k}: {saved[k]!r} -> {v!r}" for k, v in now.items() if k not in skip and k in saved and saved[k] != v]
 
 
+_SHARD_NAME = re.compile(r"shard_(\d{5,})\.safetensors")
+
+
+def shard_name(index: int) -> str:
+    """The file name of a folder's shard `index` (batch `index` of its work list): shard_00042.safetensors."""
+    return f"shard_{index:05d}.safetensors"
+
+
+def shard_index(path: str) -> int:
+    """The index that a shard's file name holds (the inverse of `shard_name`); a ValueError for any other name."""
+    match = _SHARD_NAME.fullmatch(os.path.basename(path))
+    if match is None:
+        raise ValueError(f"{path} is not a feature shard's name (shard_<index, 5+ digits>.safetensors)")
+    return int(match.group(1))
+
+
 def shard_paths(folders: list[str]) -> list[str]:
-    """Every shard under the given folders, in folder then shard order."""
+    """Every shard under the given folders, in folder then shard-index order (past 99,999 the names grow a digit,
+    so their string order is not their index order)."""
     return [os.path.join(folder, name) for folder in folders
-            for name in sorted(f for f in os.listdir(folder) if f.startswith("shard_") and f.endswith(".safetensors"))]  # fmt: skip
+            for name in sorted((f for f in os.listdir(folder) if _SHARD_NAME.fullmatch(f)), key=shard_index)]  # fmt: skip
+
+
 
 
 def shard_spans(shard: dict[str, torch.Tensor]) -> Iterator[tuple[int, int]]:

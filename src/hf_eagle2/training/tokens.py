@@ -26,7 +26,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .features import (Sequence, aux_layer_ids, cut_prompt, forward_features, open_shard, setting_changes,
-                       shard_paths, shard_sequence_ids, shard_sequences, shard_spans, write_shard)
+                       shard_index, shard_name, shard_paths, shard_sequence_ids, shard_sequences, shard_spans,
+                       write_shard)
 
 ARCHIVE_VERSION = 1
 
@@ -40,20 +41,20 @@ def export_tokens(folder: str, path: str) -> dict:
                          "features of its rows came from whole prompts, so an archive of the cut rows would rebuild "
                          "other features; export the folder of whole prompts (or keep the archive it was rebuilt "
                          "from)")  # fmt: skip
-    names = [os.path.basename(path) for path in shards]
-    if names != [f"shard_{i:05d}.safetensors" for i in range(len(shards))]:
-        missing = sorted({f"shard_{i:05d}.safetensors" for i in range(int(names[-1][6:11]) + 1)} - set(names))
+    indices = [shard_index(path) for path in shards]
+    if indices != list(range(len(shards))):
+        missing = [shard_name(i) for i in sorted(set(range(indices[-1] + 1)) - set(indices))]
         raise ValueError(f"{folder} lacks {len(missing)} shard(s) before its last ({missing[0]} first): an archive "
                          "numbers its shards 0..n-1, so it would renumber them; fill the gap first")
     shards_read = []
     for shard in shards:
         tensors = open_shard(shard)
-        shard_names = shard_sequence_ids(shard)
+        sequence_ids = shard_sequence_ids(shard)
         spans = list(shard_spans(tensors))
-        if len(shard_names) != len(spans):
-            raise ValueError(f"{shard} names {len(shard_names)} sequences but holds {len(spans)}")
+        if len(sequence_ids) != len(spans):
+            raise ValueError(f"{shard} names {len(sequence_ids)} sequences but holds {len(spans)}")
         ids, mask = tensors["input_ids"].numpy(), tensors["loss_mask"].numpy()  # views of the memory map
-        shards_read.append([(name, ids[a:b], mask[a:b]) for name, (a, b) in zip(shard_names, spans)])
+        shards_read.append([(name, ids[a:b], mask[a:b]) for name, (a, b) in zip(sequence_ids, spans)])
     return write_archive(path, meta, shards_read)
 
 
@@ -210,7 +211,7 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
                disable=not progress)  # fmt: skip
     stored: dict[int, int] = {}  # tokens in each shard file (fewer than the archive's where cut)
     for index in todo:
-        out = os.path.join(out_dir, f"shard_{index:05d}.safetensors")
+        out = os.path.join(out_dir, shard_name(index))
         size = archive.shard_tokens(index)
         if not os.path.exists(out):
             shard = archive.shard(index)
@@ -221,10 +222,10 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
             meta["hidden_size"] = seqs[0].features.shape[-1]
             stored[index] = write_shard(out, seqs, ids=[s[0] for s in shard])
         bar.update(size)
-        present = [i for i in every if os.path.exists(os.path.join(out_dir, f"shard_{i:05d}.safetensors"))]
+        present = [i for i in every if os.path.exists(os.path.join(out_dir, shard_name(i)))]
         for i in present:
             if i not in stored:
-                stored[i] = int(open_shard(os.path.join(out_dir, f"shard_{i:05d}.safetensors"))["offsets"][-1])
+                stored[i] = int(open_shard(os.path.join(out_dir, shard_name(i)))["offsets"][-1])
         meta.update(tokens=sum(stored[i] for i in present), shards=len(present))
         _write_meta(out_dir, meta)
     bar.close()
@@ -251,7 +252,7 @@ def cut_folder(folder: str, max_prompt_context: int, archive: str, progress: boo
     tokens_kept = read_tokens(archive)
     names = {path: shard_sequence_ids(path) for path in shards}
     for path in shards:
-        index = int(os.path.basename(path)[6:11])
+        index = shard_index(path)
         if index >= len(tokens_kept.shard_sequences) or names[path] != tokens_kept.shard_ids(index):
             raise ValueError(f"{archive} does not hold {os.path.basename(path)}'s sequences: the cut would drop "
                              "prompt tokens kept nowhere else; export the folder first (hf-eagle2 export-tokens) "
