@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import tiny_model
+
 from hf_eagle2.cli import main
 from hf_eagle2.training import answers
 from hf_eagle2.training.answers import answer_prompts, export_prompts, join_archives
-from hf_eagle2.training.features import extract_features, open_shard, shard_paths
+from hf_eagle2.training.features import Sampling, extract_features, generate_with_features, open_shard, shard_paths
 from hf_eagle2.training.tokens import export_tokens, read_tokens, rebuild_features
 
 WORK = dict(turns="all", max_prompt_tokens=300, min_prompt_tokens=40, max_new_tokens=8, batch_size=2)
@@ -135,3 +137,74 @@ def test_answers_from_elsewhere_rebuild_the_extracted_folder(smollm2, tmp_path, 
         join_archives([first, str(tmp_path / "b4.npz")], str(tmp_path / "x.npz"))
     with pytest.raises(ValueError, match="shards 3-2: not a range of work-list batches"):
         export_prompts(model, tokenizer, other, range(3, 3), **WORK)
+
+
+def test_sampled_tokens_follow_the_tempered_distribution():
+    """Sampled answers are drawn from softmax(logits / T) over the whole vocabulary: the model's generation
+    defaults (top_k 50 among them) do not truncate it. Measured as the total variation between 12,000 first
+    answer tokens and each candidate distribution; sampling noise alone is ~0.03 here."""
+    model = tiny_model("llama", vocab=128)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)  # logits spread enough that T matters, flat enough that 13% lies past the top 50
+    prompt, n, temperature = [1, 5, 9, 13], 12_000, 0.7
+    logits = model(torch.tensor([prompt])).logits[0, -1].double().detach()
+    rows = generate_with_features(model, [prompt] * n, 1, [2], 0, sampling=Sampling(temperature, 0))
+    drawn = torch.bincount(torch.tensor([int(ids[len(prompt)]) for ids, _, _, _ in rows]), minlength=128).double() / n
+    want = torch.softmax(logits / temperature, -1)
+    top50 = torch.zeros_like(want).scatter(0, want.topk(50).indices, want.topk(50).values)
+    distance = {name: float(0.5 * (drawn - p / p.sum()).abs().sum())
+                for name, p in {"want": want, "T=1": torch.softmax(logits, -1),
+                                "T=0.5": torch.softmax(logits / 0.5, -1), "top-50": top50}.items()}  # fmt: skip
+    assert distance["want"] < 0.06, distance
+    assert min(distance["T=1"], distance["T=0.5"], distance["top-50"]) > 0.1, distance
+
+
+def test_sampled_answers_are_seeded_recorded_and_kept_apart(smollm2, tmp_path, monkeypatch):
+    """`answer --temperature`: the same seed draws the same answers (a run stopped by its time limit and resumed
+    included), another seed others; the archive records the sampling, so it neither resumes nor joins with answers
+    drawn otherwise, and `extract` refuses to extend a folder rebuilt from it with greedy answers."""
+    model, tokenizer = smollm2
+    prompts = str(tmp_path / "prompts.npz")
+    export_prompts(model, tokenizer, prompts, range(0, 3), **WORK)
+    answer = lambda out, sampling, **kw: answer_prompts(model, tokenizer, prompts, str(tmp_path / out),  # noqa: E731
+                                                        rows_per_call=3, rows_per_write=2, sampling=sampling,
+                                                        progress=False, **kw)  # fmt: skip
+    drawn = Sampling(0.8, 1)
+    summary = answer("a.npz", drawn)
+    recorded = read_tokens(str(tmp_path / "a.npz")).meta["sampling"]
+    assert summary["sampling"] == {"temperature": 0.8, "seed": 1} == recorded
+    ticks = iter(range(0, 10**6, 10))  # stopped after one group, then resumed (as in the test above)
+    monkeypatch.setattr(answers, "monotonic", lambda: next(ticks))
+    assert answer("b.npz", drawn, time_limit=45)["shards"] < 3
+    monkeypatch.undo()
+    answer("b.npz", drawn)
+    answer("c.npz", Sampling(0.8, 2))
+    answer("greedy.npz", None)
+    rows = {name: _archive_rows(str(tmp_path / f"{name}.npz")) for name in ("a", "b", "c", "greedy")}
+    assert rows["a"] == rows["b"]
+    assert rows["a"] != rows["c"] and rows["a"] != rows["greedy"]  # 6 answers of 8 tokens at T=0.8
+    for shard_a, shard_greedy in zip(rows["a"], rows["greedy"], strict=True):  # the same prompts, answers masked in
+        for (sid, ids, mask), (sid_g, ids_g, mask_g) in zip(shard_a, shard_greedy, strict=True):
+            prompt = len(mask_g) - sum(mask_g)
+            assert sid == sid_g and ids[:prompt] == ids_g[:prompt]
+            assert mask == [False] * prompt + [True] * (len(ids) - prompt)
+    assert read_tokens(str(tmp_path / "greedy.npz")).meta["sampling"] is None
+    with pytest.raises(ValueError, match="sampling: {'temperature': 0.8, 'seed': 1} -> {'temperature': 0.8, 'seed': 3"):
+        answer("a.npz", Sampling(0.8, 3))
+    first = str(tmp_path / "first.npz")  # greedy shard 0, then sampled shards 1-2: not one folder's answers
+    export_prompts(model, tokenizer, first, range(0, 1), **WORK)
+    answer_prompts(model, tokenizer, first, str(tmp_path / "first-greedy.npz"), progress=False)
+    rest = str(tmp_path / "rest.npz")
+    export_prompts(model, tokenizer, rest, range(1, 3), **WORK)
+    answer_prompts(model, tokenizer, rest, str(tmp_path / "rest-drawn.npz"), sampling=drawn, progress=False)
+    with pytest.raises(ValueError, match="other settings .*sampling: None -> {'temperature': 0.8, 'seed': 1}"):
+        join_archives([str(tmp_path / "first-greedy.npz"), str(tmp_path / "rest-drawn.npz")], str(tmp_path / "x.npz"))
+    folder = str(tmp_path / "drawn")
+    rebuild_features(model, str(tmp_path / "a.npz"), folder, progress=False)
+    with pytest.raises(ValueError, match=r"other settings \(sampling: \{'temperature': 0.8, 'seed': 1\} -> None\)"):
+        extract_features(model, tokenizer, folder, responses="target", max_tokens=10**6, eagle3=False, progress=False,
+                         **WORK)  # fmt: skip
+    with pytest.raises(ValueError, match="a sampling temperature must be > 0"):
+        Sampling(0.0, 0)
+    with pytest.raises(ValueError, match="--seed draws sampled answers: give --temperature too"):
+        main(["answer", "--tokens", prompts, "--out", str(tmp_path / "x.npz"), "--seed", "3"])

@@ -79,15 +79,20 @@ def cmd_export_prompts(args) -> None:
 def cmd_answer(args) -> None:
     from .assets import load_model
     from .training.answers import answer_prompts
+    from .training.features import Sampling
     from .training.tokens import read_tokens
 
     import torch
 
+    if args.seed is not None and not args.temperature:
+        raise ValueError("--seed draws sampled answers: give --temperature too (greedy answers use no seed)")
+    sampling = Sampling(args.temperature, args.seed or 0) if args.temperature else None
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype or read_tokens(args.tokens).meta["dtype"])
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     summary = answer_prompts(model.to(device), tokenizer, args.tokens, args.out, rows_per_call=args.rows_per_call,
-                             rows_per_write=args.rows_per_write, time_limit=args.time_limit)  # fmt: skip
+                             rows_per_write=args.rows_per_write, time_limit=args.time_limit,
+                             sampling=sampling)  # fmt: skip
     print(json.dumps(summary, indent=2))
 
 
@@ -352,8 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eagle3", action="store_true", help="the folder stores the EAGLE-3 layers (recorded in the meta)")
     p.set_defaults(func=cmd_export_prompts)
 
-    p = sub.add_parser("answer", help="greedy answers to an export-prompts archive, as a token archive (resumes "
-                                      "from --out; e.g. on a GPU)")  # fmt: skip
+    p = sub.add_parser("answer", help="greedy (or sampled) answers to an export-prompts archive, as a token archive "
+                                      "(resumes from --out; e.g. on a GPU)")  # fmt: skip
     p.add_argument("--tokens", required=True, help="a .npz written by export-prompts")
     p.add_argument("--out", required=True, help="the .npz of answered shards to write (or continue)")
     p.add_argument("--model", default="smollm2")
@@ -364,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                                     "two writes of --out")  # fmt: skip
     p.add_argument("--time-limit", type=float, default=None,
                    help="seconds from the first group (after the model loads): start no group that would end later")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample the answers at this temperature from the target's full distribution (0: greedy); "
+                        "recorded in the archive, which then joins and resumes only with answers drawn alike")
+    p.add_argument("--seed", type=int, default=None, help="with --temperature: the seed each call's is derived from "
+                                                          "(default 0; recorded)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_answer)
 

@@ -1,5 +1,6 @@
 """Self-distilled answers written on another machine: the work list's prompts go out as a token archive, the
-target's greedy answers come back as one, and `rebuild-features` computes the features where the training runs.
+target's greedy (or sampled: `Sampling`) answers come back as one, and `rebuild-features` computes the features
+where the training runs.
 
 Why: on 2 CPU cores the answers are the slow part of self-distillation (the (384, 1024] prompt band: ~105 answer
 tokens/s from `extract`, against ~645 tokens/s for `rebuild-features` over prompt + answer), and an accelerator
@@ -29,7 +30,7 @@ from time import monotonic
 import numpy as np
 from tqdm.auto import tqdm
 
-from .features import (_batches, aux_layer_ids, check_work_settings, device_description, extraction_meta,
+from .features import (Sampling, _batches, aux_layer_ids, check_work_settings, device_description, extraction_meta,
                        generate_with_features, pad_and_eos_ids, work_items)
 from .tokens import TokenArchive, read_tokens, save_arrays, write_archive
 
@@ -37,7 +38,7 @@ from .tokens import TokenArchive, read_tokens, save_arrays, write_archive
 # join (a resume also compares answered_on: one archive's answers come from one machine)
 _PLACE_KEYS = ("tokens", "shards", "hidden_size", "feature_dtype", "first_shard", "answered_on", "answer_sources",
                "sequences_reached")  # fmt: skip
-_DEFAULTS = {"min_prompt_tokens": 0}  # settings older folders lack, as extract reads them
+_DEFAULTS = {"min_prompt_tokens": 0, "sampling": None}  # settings older folders lack, as extract reads them
 
 
 def _setting_differences(a: dict, b: dict, skip: tuple[str, ...]) -> list[str]:
@@ -77,13 +78,18 @@ def export_prompts(model, tokenizer, path: str, shards: range, *, turns: str, ma
 
 
 def answer_prompts(model, tokenizer, prompts_path: str, out_path: str, *, rows_per_call: int = 64,
-                   rows_per_write: int = 2048, time_limit: float | None = None,
+                   rows_per_write: int = 2048, time_limit: float | None = None, sampling: Sampling | None = None,
                    progress: bool = True) -> dict:  # fmt: skip
     """Greedy answers to the prompts of `prompts_path` (`export_prompts`), written to `out_path` as a token archive
     of the answered shards (resumes: shards already in `out_path` are kept). Groups of whole shards of about
     `rows_per_write` rows are answered in calls of `rows_per_call` rows of similar prompt lengths (sorted within
     the group: less padding), and the archive is rewritten after each group; no group is started that the last
-    one's duration says would end past `time_limit` seconds. Returns a summary."""
+    one's duration says would end past `time_limit` seconds. Returns a summary.
+
+    sampling: answers drawn at its temperature instead (the meta's `sampling` records it, so such an archive joins
+    and resumes only with answers drawn alike); each call's seed derives from its seed, the group's first shard
+    (of the whole work list) and the call's index, so a run resumed with the same `rows_per_write` and
+    `rows_per_call` draws what one whole run would have on the same machine."""
     prompts = read_tokens(prompts_path)
     if not prompts.meta.get("prompts_only"):
         raise ValueError(f"{prompts_path} is not a prompt archive (export-prompts): it holds answers already")
@@ -95,6 +101,7 @@ def answer_prompts(model, tokenizer, prompts_path: str, out_path: str, *, rows_p
         raise ValueError(f"{prompts_path} holds token ids outside this target's vocabulary: another target's prompts")
     pad_id, eos_ids = pad_and_eos_ids(model, tokenizer)
     meta = {k: v for k, v in prompts.meta.items() if k != "prompts_only"} | {"answered_on": device_description(model)}
+    meta["sampling"] = None if sampling is None else sampling.meta()
     total = len(prompts.shard_sequences)
     done = _answered_so_far(out_path, prompts, meta)
     max_new = int(meta["max_new_tokens"])
@@ -115,7 +122,9 @@ def answer_prompts(model, tokenizer, prompts_path: str, out_path: str, *, rows_p
         answered: list[list[int] | None] = [None] * len(seqs)
         for call in range(0, len(order), rows_per_call):
             picked = order[call : call + rows_per_call]
-            results = generate_with_features(model, [seqs[i][1] for i in picked], max_new, eos_ids, pad_id)
+            drawn = None if sampling is None else sampling.for_call(int(meta["first_shard"]) + group[0], call)
+            results = generate_with_features(model, [seqs[i][1] for i in picked], max_new, eos_ids, pad_id,
+                                             sampling=drawn)  # fmt: skip
             for i, (ids, _, _, _) in zip(picked, results):
                 answered[i] = ids.tolist()
         position = 0
@@ -131,7 +140,8 @@ def answer_prompts(model, tokenizer, prompts_path: str, out_path: str, *, rows_p
     bar.close()
     answer_tokens = sum(sum(mask) for shard in done for _, _, mask in shard)
     return {"shards": len(done), "of": total, "first_shard": meta["first_shard"], "answer_tokens": answer_tokens,
-            "seconds": round(monotonic() - clock, 1), "answered_on": meta["answered_on"]}  # fmt: skip
+            "seconds": round(monotonic() - clock, 1), "answered_on": meta["answered_on"],
+            "sampling": meta["sampling"]}  # fmt: skip
 
 
 def _answered_so_far(out_path: str, prompts: TokenArchive, meta: dict) -> list[list[tuple[str, list[int], list[bool]]]]:

@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import struct
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -91,6 +92,47 @@ class _EosFedBack(StoppingCriteria):
         return torch.isin(input_ids[:, -2], torch.tensor(self.eos_ids, device=input_ids.device))
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Sampled self-distillation: answers drawn from the target's own distribution at `temperature` (no top-k, top-p
+    or other truncation: the model's generation_config is overridden), the generator seeded with `seed` for each
+    `generate_with_features` call (the caller derives one seed per call, so a resumed run draws what a whole run
+    would have). The soft labels training reads stay the target's full distribution at every position; sampling
+    only changes which prefixes the answers visit."""
+
+    temperature: float
+    seed: int
+
+    def __post_init__(self):
+        if not self.temperature > 0:
+            raise ValueError(f"a sampling temperature must be > 0 (greedy answers need no Sampling), got "
+                             f"{self.temperature}")  # fmt: skip
+
+    def generate_kwargs(self) -> dict:
+        return {"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0, "min_p": None,
+                "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}  # fmt: skip
+
+    def meta(self) -> dict:
+        """What an archive records (its meta's `sampling`; None there means greedy)."""
+        return {"temperature": self.temperature, "seed": self.seed}
+
+    def for_call(self, *keys: int) -> "Sampling":
+        """The same temperature with a seed derived from this one and `keys` (e.g. first shard, call index)."""
+        return Sampling(self.temperature, int(np.random.SeedSequence([self.seed, *keys]).generate_state(1)[0]))
+
+
+@contextmanager
+def _seeded(sampling: Sampling | None, device: torch.device):
+    """Runs the block with the global generators seeded from `sampling` (restored after: the caller's random state
+    is left as it was); without sampling, as it is."""
+    if sampling is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(sampling.seed)
+        yield
+
+
 # decode steps per `generate` call of a self-distilled extraction: between calls, the rows whose answer ended leave
 # the batch and its cache. One call for the whole answer computes every row until the longest answer ends: 28% of
 # a 64-row batch's decode slots on the archive's shards 60-99 (`examples/decode_slots.py`). On 2 cores (SmolLM2
@@ -102,8 +144,9 @@ GENERATE_CHUNK_STEPS = 32
 @torch.inference_mode()
 def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int], pad_id: int,
                            draft=None, aux_layers: tuple[int, ...] = (), chunk_steps: int | None = GENERATE_CHUNK_STEPS,
-                           reserve: int | None = DEFAULT_RESERVE):
-    """Batched greedy answers with every token's final hidden state.
+                           reserve: int | None = DEFAULT_RESERVE, sampling: Sampling | None = None):
+    """Batched greedy answers (or, with `sampling`, answers sampled at its temperature from its seed) with every
+    token's final hidden state.
 
     The answers come from `model.generate`, so extraction has no decode loop of its own. Without a head, generate
     also returns the features (`output_hidden_states` recording only the entries asked for): the prefill's for the
@@ -116,12 +159,16 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
     Returns, per prompt, (ids (T,), features (T, H) float, aux (T, 3H) float or None, response_start) with
     T = prompt + response tokens; the response ends with the first EOS (kept) or after max_new_tokens tokens."""
     device = model.get_output_embeddings().weight.device
+    if sampling is not None and draft is not None:
+        raise ValueError("sampled answers are written without a head (a head's tree speculation answers greedily "
+                         "here)")  # fmt: skip
     ids, attn = _left_pad(prompts, pad_id, device)
     width = ids.shape[1]
     feature_ids = (*aux_layers, -1)
     if draft is None:
-        sequences, hidden = _generate_in_chunks(model, ids, attn, max_new_tokens + 1, eos_ids, pad_id, feature_ids,
-                                                chunk_steps, reserve)  # fmt: skip
+        with _seeded(sampling, device):
+            sequences, hidden = _generate_in_chunks(model, ids, attn, max_new_tokens + 1, eos_ids, pad_id,
+                                                    feature_ids, chunk_steps, reserve, sampling)  # fmt: skip
     else:
         sequences = model.generate(ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
                                    eos_token_id=eos_ids, pad_token_id=pad_id, assistant_model=draft,
@@ -138,12 +185,13 @@ def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int,
 
 
 def _generate_in_chunks(model, ids: torch.Tensor, attn: torch.Tensor, max_steps: int, eos_ids: list[int], pad_id: int,
-                        feature_ids: tuple[int, ...], chunk_steps: int | None, reserve: int | None):  # fmt: skip
-    """Greedy `generate` of left-padded prompts (B, W) for up to `max_steps` tokens per row, stopping a row one
-    step after its EOS (`_EosFedBack`), in calls of `chunk_steps` steps; between calls the rows that stopped leave
-    the batch (`Cache.batch_select_indices`) and the others continue from the same cache (generate feeds only the
-    uncached last token). Returns sequences (B, W + n), right-padded with pad_id, and per row the `feature_ids`
-    states of every position it fed (W + n_b - 1, F).
+                        feature_ids: tuple[int, ...], chunk_steps: int | None, reserve: int | None,
+                        sampling: Sampling | None = None):  # fmt: skip
+    """Greedy (or `sampling`'s) `generate` of left-padded prompts (B, W) for up to `max_steps` tokens per row,
+    stopping a row one step after its EOS (`_EosFedBack`), in calls of `chunk_steps` steps; between calls the rows
+    that stopped leave the batch (`Cache.batch_select_indices`) and the others continue from the same cache
+    (generate feeds only the uncached last token). Returns sequences (B, W + n), right-padded with pad_id, and per
+    row the `feature_ids` states of every position it fed (W + n_b - 1, F).
 
     reserve: the cache is a `reserved_cache` with that many spare slots per growth (None: generate's own
     DynamicCache, which copies itself every step), and all but the last prompt token are prefilled in row groups
@@ -152,13 +200,14 @@ def _generate_in_chunks(model, ids: torch.Tensor, attn: torch.Tensor, max_steps:
     rows = list(range(ids.shape[0]))  # the input row of each batch row
     sequences, hidden = [None] * len(rows), [[] for _ in rows]
     criteria = StoppingCriteriaList([_EosFedBack(eos_ids, width)])
+    decoding = {"do_sample": False} if sampling is None else sampling.generate_kwargs()
     cache, done_steps = (None if reserve is None else reserved_cache(model.config, reserve)), 0
     if cache is not None and width > 1 and all(type(layer) is ReservedLayer for layer in cache.layers):
         cache, prompt_states = _prefill_in_groups(model, ids[:, :-1], attn[:, :-1], feature_ids, reserve)
         for b in rows:
             hidden[b].append(prompt_states[b])
     while True:
-        out = model.generate(ids, attention_mask=attn, cache=cache, do_sample=False,
+        out = model.generate(ids, attention_mask=attn, cache=cache, **decoding,
                              max_new_tokens=min(chunk_steps or max_steps, max_steps - done_steps), eos_token_id=None,
                              pad_token_id=pad_id, return_dict_in_generate=True, stopping_criteria=criteria,
                              output_hidden_states=hidden_states_request(feature_ids))  # fmt: skip
@@ -365,12 +414,15 @@ def extraction_meta(model, *, responses: str, split: str, turns: str, max_new_to
                     min_prompt_tokens: int, max_seq_tokens: int, batch_size: int, aux_layers: tuple[int, ...]) -> dict:
     """What a folder's shards are a function of (shard i holds batch i of the work list): a folder resumes only
     with the same. dtype: the target's when it wrote the answers; feature_dtype: when it computed the features
-    (stored as fp16 either way); the two differ only in a folder rebuilt in another dtype (`rebuild_features`)."""
+    (stored as fp16 either way); the two differ only in a folder rebuilt in another dtype (`rebuild_features`).
+    sampling: None for greedy answers (all `extract` writes); `answer --temperature` records its `Sampling.meta`,
+    so `extract` refuses to extend a folder of sampled answers with greedy ones (older folders lack the key, and
+    `setting_changes` compares only keys a folder records)."""
     dtype = str(model.dtype).removeprefix("torch.")
     return {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
             "max_prompt_tokens": max_prompt_tokens, "min_prompt_tokens": min_prompt_tokens,
             "max_seq_tokens": max_seq_tokens, "batch_size": batch_size, "dtype": dtype, "hidden_size": None,
-            "aux_layers": list(aux_layers), "feature_dtype": dtype}  # fmt: skip
+            "aux_layers": list(aux_layers), "feature_dtype": dtype, "sampling": None}  # fmt: skip
 
 
 def extract_features(
@@ -551,8 +603,6 @@ def shard_paths(folders: list[str]) -> list[str]:
     so their string order is not their index order)."""
     return [os.path.join(folder, name) for folder in folders
             for name in sorted((f for f in os.listdir(folder) if _SHARD_NAME.fullmatch(f)), key=shard_index)]  # fmt: skip
-
-
 
 
 def shard_spans(shard: dict[str, torch.Tensor]) -> Iterator[tuple[int, int]]:
