@@ -488,3 +488,33 @@ def test_eval_head_measures_tau_and_leaves_the_kernels_as_they_were(smollm2, ker
         optimize_for_cpu(model, enable=False)
     with pytest.raises(ValueError, match="kernels must be"):
         eval_head(model, tokenizer, draft, ["builtin"], limit=1, kernels="turbo")
+
+
+def test_eval_head_mtbench2_measures_second_turns_after_the_targets_own_answer(smollm2, monkeypatch):
+    """`eval-head --dataset mtbench2`: each MT-bench question's second turn, asked after the target's greedy answer
+    to its first (the history a chat keeps), and only the second answer counted."""
+    import hf_eagle2.evaluation as evaluation
+    from hf_eagle2.assets import mtbench_questions
+    from hf_eagle2.bench import run_bench
+
+    model, tokenizer = smollm2
+    draft = EagleDraftModel.from_target(model, seed=0)
+    asked, inner = [], evaluation.chat_input_ids
+    monkeypatch.setattr(evaluation, "chat_input_ids",
+                        lambda tok, messages: asked.append(messages) or inner(tok, messages))  # fmt: skip
+    result = eval_head(model, tokenizer, draft, ["mtbench2"], limit=1, max_new_tokens=8, calibration=False,
+                       progress=False)  # fmt: skip
+    r = result["datasets"]["mtbench2"]
+    assert r["prompts"] == 1 and r["new_tokens"] == 8 and r["prefill_tokens"] == 1
+    assert sum(r["accept_hist"]) == r["target_forwards"]  # the first answer's rounds are not counted
+    question = mtbench_questions()[0]
+    first = [{"role": "user", "content": question["turns"][0]}]
+    ids = inner(tokenizer, first)
+    answer = tokenizer.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :],
+                              skip_special_tokens=True)  # fmt: skip
+    assert answer.strip()
+    second = [{"role": "assistant", "content": answer}, {"role": "user", "content": question["turns"][1]}]
+    assert asked[-1] == first + second
+    assert load_prompts("mtbench", 1)[0].follow_up == question["turns"][1]  # what bench's second turns ask
+    with pytest.raises(ValueError, match="bench measures MT-bench's second turns with --dataset mtbench"):
+        run_bench(model, tokenizer, draft, datasets=["mtbench2"], progress=False)

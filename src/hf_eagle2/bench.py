@@ -157,6 +157,9 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
         torch.set_num_threads(threads)
     if kernels not in ("fast", "stock"):
         raise ValueError(f"kernels must be 'fast' or 'stock', got {kernels!r}")
+    if "mtbench2" in datasets:
+        raise ValueError("bench measures MT-bench's second turns with --dataset mtbench (--first-turn-only leaves "
+                         "them out); mtbench2 is eval-head's")  # fmt: skip
     tree_params = {"m": 16, "depth": 6, "k": 4, "chain_depth": 4} | dict(tree_params or {})
     methods = list(dict.fromkeys(["plain", *methods]))
     for m in methods:
@@ -169,7 +172,7 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
     for ds in datasets:
         for p in load_prompts(ds, limit):
             work.append((ds, p, 0))
-            if ds == "mtbench" and second_turn:
+            if p.follow_up is not None and second_turn:
                 work.append((ds, p, 1))
     runs: dict[str, list[Run]] = {}
     first_answers: dict[str, str] = {}
@@ -177,11 +180,8 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
     for index, (ds, prompt, turn) in enumerate(work):
         messages = list(prompt.messages)
         if turn == 1:  # MT-bench second turn, conditioned on the model's own first answer
-            from .assets import mtbench_questions
-
-            question = next(q for q in mtbench_questions() if f"mtbench-{q['question_id']}" == prompt.id)
             messages += [{"role": "assistant", "content": first_answers[prompt.id]},
-                         {"role": "user", "content": question["turns"][1]}]  # fmt: skip
+                         {"role": "user", "content": prompt.follow_up}]  # fmt: skip
         ids = chat_input_ids(tokenizer, messages)
         order = methods[index % len(methods) :] + methods[: index % len(methods)]
         outputs, results = {}, {}
@@ -194,7 +194,7 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
         for m, run in results.items():
             mark_divergence(run, outputs[m], reference, ids.shape[1])
             runs.setdefault(f"{ds}/{m}", []).append(run)
-        if turn == 0 and ds == "mtbench":
+        if turn == 0 and prompt.follow_up is not None:
             first_answers[prompt.id] = tokenizer.decode(reference[0, ids.shape[1] :], skip_special_tokens=True)
     bar.close()
     exact = next(model.parameters()).dtype == torch.float32

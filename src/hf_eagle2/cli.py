@@ -464,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--draft", required=True)
     p.add_argument("--dataset", default="mtbench,humaneval",
-                   help="comma list of mtbench, humaneval, sharegpt (held-out first turns), builtin")
+                   help="comma list of mtbench, mtbench2 (MT-bench's second turns, after the target's own first "
+                        "answer), humaneval, sharegpt (held-out first turns), builtin")
     p.add_argument("--limit", default=None,
                    help="prompts per dataset: N, or per name (mtbench=80,humaneval=40)")
     p.add_argument("--max-new-tokens", type=int, default=256)

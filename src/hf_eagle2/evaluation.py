@@ -23,14 +23,18 @@ BUILTIN_PROMPTS = [
     "What is the difference between a list and a tuple in Python?",
     "Summarize the water cycle for a ten year old.",
 ]
-DATASETS = ("mtbench", "humaneval", "sharegpt", "builtin")
+DATASETS = ("mtbench", "mtbench2", "humaneval", "sharegpt", "builtin")
 SHAREGPT_PROMPT_CHARS = 2000  # held-out first turns longer than this are skipped (pasted documents, not chat)
 
 
 @dataclass
 class Prompt:
+    """A chat to answer. `follow_up` (MT-bench's second turns): the user turn that comes after the model's own
+    answer to `messages`; `bench` measures it beside the first, `eval-head --dataset mtbench2` alone."""
+
     id: str
     messages: list[dict]
+    follow_up: str | None = None
 
 
 def parse_limit(text: str | None, datasets: list[str] | None = None) -> int | dict[str, int] | None:
@@ -56,11 +60,14 @@ def parse_limit(text: str | None, datasets: list[str] | None = None) -> int | di
 
 def load_prompts(dataset: str, limit: int | dict[str, int] | None = None) -> list[Prompt]:
     """First-turn chat prompts of a dataset, the first `limit` of them (one cap, or a cap per dataset name).
-    HumanEval prompts are the problem's code, given as the user turn; "sharegpt": `sharegpt_heldout_first_turns`."""
+    MT-bench's carry their second turns (`Prompt.follow_up`), and "mtbench2" is the same list, for `eval_head` to
+    measure those. HumanEval prompts are the problem's code, given as the user turn; "sharegpt":
+    `sharegpt_heldout_first_turns`."""
     if isinstance(limit, dict):
         limit = limit.get(dataset)
-    if dataset == "mtbench":
-        items = [Prompt(f"mtbench-{q['question_id']}", [{"role": "user", "content": q["turns"][0]}]) for q in mtbench_questions()]
+    if dataset in ("mtbench", "mtbench2"):
+        items = [Prompt(f"mtbench-{q['question_id']}", [{"role": "user", "content": q["turns"][0]}], q["turns"][1])
+                 for q in mtbench_questions()]  # fmt: skip
     elif dataset == "humaneval":
         items = [Prompt(p["task_id"], [{"role": "user", "content": p["prompt"]}]) for p in humaneval_problems()]
     elif dataset == "sharegpt":
@@ -124,6 +131,8 @@ def eval_head(model, tokenizer, draft, datasets=("mtbench", "humaneval"), limit=
 
 
 def _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kwargs, calibration, progress) -> dict:
+    """Per dataset: τ, the acceptance histogram and tokens/s over its prompts ("mtbench2": over MT-bench's second
+    turns, each asked after the target's greedy first answer of up to max_new_tokens, which is not counted)."""
     tree_kwargs = dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10, tree_ngram=0) | dict(tree_kwargs or {})
     tree_kwargs = used_tree_options(tree_kwargs)
     results, logs = {}, []
@@ -133,7 +142,12 @@ def _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kw
         hist: list[int] = []
         seconds = 0.0
         for prompt in tqdm(prompts, desc=f"eval {dataset}", disable=not progress):
-            ids = chat_input_ids(tokenizer, prompt.messages)
+            messages = prompt.messages
+            if dataset == "mtbench2":  # the second turn, after the target's own first answer (not measured)
+                messages = messages + [{"role": "assistant", "content": _answer(model, tokenizer, draft, messages,
+                                                                                 max_new_tokens, tree_kwargs)},
+                                       {"role": "user", "content": prompt.follow_up}]  # fmt: skip
+            ids = chat_input_ids(tokenizer, messages)
             start = time.perf_counter()
             out = model.generate(
                 ids, assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False,
@@ -160,3 +174,11 @@ def _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kw
     if calibration and logs:
         out["calibration"] = calibration_report(merge_logs(logs))
     return out
+
+
+def _answer(model, tokenizer, draft, messages: list[dict], max_new_tokens: int, tree_kwargs: dict) -> str:
+    """The target's greedy reply to `messages` (up to max_new_tokens, through the head: the same tokens as plain
+    greedy decoding), as the text a chat would keep in its history."""
+    ids = chat_input_ids(tokenizer, messages)
+    out = model.generate(ids, assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False, **tree_kwargs)
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
