@@ -140,12 +140,14 @@ def test_answers_from_elsewhere_rebuild_the_extracted_folder(smollm2, tmp_path, 
 
 
 def test_sampled_tokens_follow_the_tempered_distribution():
-    """Sampled answers are drawn from softmax(logits / T) over the whole vocabulary: the model's generation
-    defaults (top_k 50 among them) do not truncate it. Measured as the total variation between 12,000 first
-    answer tokens and each candidate distribution; sampling noise alone is ~0.03 here."""
+    """Sampled answers are drawn from softmax(logits / T) over the whole vocabulary: neither generate's defaults
+    (top_k 50) nor the model's generation_config (here top-p, min-p and a repetition penalty) shape it. Measured as
+    the total variation between 12,000 first answer tokens and each candidate distribution; sampling noise alone
+    is ~0.03 here."""
     model = tiny_model("llama", vocab=128)
     with torch.no_grad():
         model.lm_head.weight.mul_(2.0)  # logits spread enough that T matters, flat enough that 13% lies past the top 50
+    model.generation_config.update(top_p=0.5, min_p=0.3, repetition_penalty=3.0)
     prompt, n, temperature = [1, 5, 9, 13], 12_000, 0.7
     logits = model(torch.tensor([prompt])).logits[0, -1].double().detach()
     rows = generate_with_features(model, [prompt] * n, 1, [2], 0, sampling=Sampling(temperature, 0))
@@ -166,13 +168,15 @@ def test_sampled_answers_are_seeded_recorded_and_kept_apart(smollm2, tmp_path, m
     model, tokenizer = smollm2
     prompts = str(tmp_path / "prompts.npz")
     export_prompts(model, tokenizer, prompts, range(0, 3), **WORK)
+    # groups of two shards (4 rows), one row per call: seeds vary by group and by call
     answer = lambda out, sampling, **kw: answer_prompts(model, tokenizer, prompts, str(tmp_path / out),  # noqa: E731
-                                                        rows_per_call=3, rows_per_write=2, sampling=sampling,
+                                                        rows_per_call=1, rows_per_write=4, sampling=sampling,
                                                         progress=False, **kw)  # fmt: skip
     drawn = Sampling(0.8, 1)
+    assert len({drawn.for_call(shard, call).seed for shard in range(3) for call in range(4)}) == 12
     summary = answer("a.npz", drawn)
     recorded = read_tokens(str(tmp_path / "a.npz")).meta["sampling"]
-    assert summary["sampling"] == {"temperature": 0.8, "seed": 1} == recorded
+    assert summary["sampling"] == {"temperature": 0.8, "seed": 1, "rows_per_write": 4, "rows_per_call": 1} == recorded
     ticks = iter(range(0, 10**6, 10))  # stopped after one group, then resumed (as in the test above)
     monkeypatch.setattr(answers, "monotonic", lambda: next(ticks))
     assert answer("b.npz", drawn, time_limit=45)["shards"] < 3
@@ -189,21 +193,32 @@ def test_sampled_answers_are_seeded_recorded_and_kept_apart(smollm2, tmp_path, m
             assert sid == sid_g and ids[:prompt] == ids_g[:prompt]
             assert mask == [False] * prompt + [True] * (len(ids) - prompt)
     assert read_tokens(str(tmp_path / "greedy.npz")).meta["sampling"] is None
-    with pytest.raises(ValueError, match="sampling: {'temperature': 0.8, 'seed': 1} -> {'temperature': 0.8, 'seed': 3"):
+    with pytest.raises(ValueError, match="'seed': 1, .* -> {'temperature': 0.8, 'seed': 3"):
         answer("a.npz", Sampling(0.8, 3))
+    with pytest.raises(ValueError, match="'rows_per_call': 1} -> {.*'rows_per_call': 2}"):  # other calls, other draws
+        answer_prompts(model, tokenizer, prompts, str(tmp_path / "a.npz"), rows_per_call=2, rows_per_write=4,
+                       sampling=drawn, progress=False)  # fmt: skip
     first = str(tmp_path / "first.npz")  # greedy shard 0, then sampled shards 1-2: not one folder's answers
     export_prompts(model, tokenizer, first, range(0, 1), **WORK)
     answer_prompts(model, tokenizer, first, str(tmp_path / "first-greedy.npz"), progress=False)
     rest = str(tmp_path / "rest.npz")
     export_prompts(model, tokenizer, rest, range(1, 3), **WORK)
     answer_prompts(model, tokenizer, rest, str(tmp_path / "rest-drawn.npz"), sampling=drawn, progress=False)
-    with pytest.raises(ValueError, match="other settings .*sampling: None -> {'temperature': 0.8, 'seed': 1}"):
+    with pytest.raises(ValueError, match="other settings .*sampling: None -> {'temperature': 0.8, 'seed': 1, "):
         join_archives([str(tmp_path / "first-greedy.npz"), str(tmp_path / "rest-drawn.npz")], str(tmp_path / "x.npz"))
     folder = str(tmp_path / "drawn")
     rebuild_features(model, str(tmp_path / "a.npz"), folder, progress=False)
-    with pytest.raises(ValueError, match=r"other settings \(sampling: \{'temperature': 0.8, 'seed': 1\} -> None\)"):
+    with pytest.raises(ValueError, match=r"other settings \(sampling: \{'temperature': 0.8, 'seed': 1, .*\} -> None\)"):
         extract_features(model, tokenizer, folder, responses="target", max_tokens=10**6, eagle3=False, progress=False,
                          **WORK)  # fmt: skip
+    greedy_folder = str(tmp_path / "greedy")  # a folder from before the setting (no `sampling` in its meta) is greedy
+    rebuild_features(model, str(tmp_path / "greedy.npz"), greedy_folder, shards=range(0, 1), progress=False)
+    with open(os.path.join(greedy_folder, "meta.json")) as f:
+        old_meta = {k: v for k, v in json.load(f).items() if k != "sampling"}
+    with open(os.path.join(greedy_folder, "meta.json"), "w") as f:
+        json.dump(old_meta, f)
+    with pytest.raises(ValueError, match=r"other settings \(sampling: None -> \{'temperature': 0.8"):
+        rebuild_features(model, str(tmp_path / "a.npz"), greedy_folder, shards=range(1, 2), progress=False)
     with pytest.raises(ValueError, match="a sampling temperature must be > 0"):
         Sampling(0.0, 0)
     with pytest.raises(ValueError, match="--seed draws sampled answers: give --temperature too"):

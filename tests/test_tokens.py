@@ -106,10 +106,12 @@ def test_export_needs_an_extracted_folder(tmp_path):
 def test_shard_names_round_trip_and_order_by_index(tmp_path):
     for index in (0, 42, 99_999, 100_000):
         assert shard_index(os.path.join("some", "folder", shard_name(index))) == index
-    for other in ("meta.json", "shard_00001.safetensors.tmp", "shard_0001.safetensors", "shard_x0001.safetensors"):
+    for other in ("meta.json", "shard_00001.safetensors.tmp", "shard_0001.safetensors", "shard_x0001.safetensors",
+                  "shard_000042.safetensors"):  # 42 is shard_00042: one index, one name
         with pytest.raises(ValueError, match="is not a feature shard's name"):
             shard_index(other)
-    for name in [shard_name(i) for i in (100_000, 3, 99_999)] + ["meta.json", "shard_00004.safetensors.tmp"]:
+    for name in [shard_name(i) for i in (100_000, 3, 99_999)] + ["meta.json", "shard_00004.safetensors.tmp",
+                                                                  "shard_000005.safetensors"]:  # fmt: skip
         (tmp_path / name).touch()
     # past 99,999 the names grow a digit: string order would put shard 100,000 before 3
     assert [shard_index(p) for p in shard_paths([str(tmp_path)])] == [3, 99_999, 100_000]

@@ -506,7 +506,6 @@ def test_eval_head_mtbench2_measures_second_turns_after_the_targets_own_answer(s
                        progress=False)  # fmt: skip
     r = result["datasets"]["mtbench2"]
     assert r["prompts"] == 1 and r["new_tokens"] == 8 and r["prefill_tokens"] == 1
-    assert sum(r["accept_hist"]) == r["target_forwards"]  # the first answer's rounds are not counted
     question = mtbench_questions()[0]
     first = [{"role": "user", "content": question["turns"][0]}]
     ids = inner(tokenizer, first)

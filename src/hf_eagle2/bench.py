@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .drafter import DEFAULT_CPU_NGRAM
-from .evaluation import chat_input_ids, load_prompts
+from .evaluation import chat_input_ids, follow_up_chat, load_prompts
 from .stats import tau_of
 
 # name -> generate kwargs; FIXED marks the methods that get the fixed tree of `tree_params` (m, depth, k)
@@ -178,10 +178,8 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
     first_answers: dict[str, str] = {}
     bar = tqdm(total=len(work) * len(methods), desc="bench", unit="run", disable=not progress)
     for index, (ds, prompt, turn) in enumerate(work):
-        messages = list(prompt.messages)
-        if turn == 1:  # MT-bench second turn, conditioned on the model's own first answer
-            messages += [{"role": "assistant", "content": first_answers[prompt.id]},
-                         {"role": "user", "content": prompt.follow_up}]  # fmt: skip
+        # MT-bench's second turn is conditioned on the model's own first answer
+        messages = follow_up_chat(prompt, first_answers[prompt.id]) if turn == 1 else list(prompt.messages)
         ids = chat_input_ids(tokenizer, messages)
         order = methods[index % len(methods) :] + methods[: index % len(methods)]
         outputs, results = {}, {}

@@ -372,8 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sample the answers at this temperature from the target's full distribution (0: greedy); "
                         "recorded in the archive, which then joins and resumes only with answers drawn alike")
-    p.add_argument("--seed", type=int, default=None, help="with --temperature: the seed each call's is derived from "
-                                                          "(default 0; recorded)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=None, help="with --temperature: the seed every call's own seed is "
+                                                          "derived from (default 0; recorded)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_answer)
 

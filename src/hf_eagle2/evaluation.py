@@ -90,6 +90,12 @@ def sharegpt_heldout_first_turns() -> list[Prompt]:
             and c.messages[0]["role"] == "user" and len(c.messages[0]["content"]) <= SHAREGPT_PROMPT_CHARS]  # fmt: skip
 
 
+def follow_up_chat(prompt: Prompt, first_answer: str) -> list[dict]:
+    """The chat of `prompt`'s follow-up: its first turn, the model's answer to it, then the follow-up."""
+    return [*prompt.messages, {"role": "assistant", "content": first_answer},
+            {"role": "user", "content": prompt.follow_up}]  # fmt: skip
+
+
 def chat_input_ids(tokenizer, messages: list[dict]) -> torch.Tensor:
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
     return out["input_ids"] if hasattr(out, "keys") else out
@@ -144,9 +150,8 @@ def _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kw
         for prompt in tqdm(prompts, desc=f"eval {dataset}", disable=not progress):
             messages = prompt.messages
             if dataset == "mtbench2":  # the second turn, after the target's own first answer (not measured)
-                messages = messages + [{"role": "assistant", "content": _answer(model, tokenizer, draft, messages,
-                                                                                 max_new_tokens, tree_kwargs)},
-                                       {"role": "user", "content": prompt.follow_up}]  # fmt: skip
+                first_answer = _answer(model, tokenizer, draft, messages, max_new_tokens, tree_kwargs)
+                messages = follow_up_chat(prompt, first_answer)
             ids = chat_input_ids(tokenizer, messages)
             start = time.perf_counter()
             out = model.generate(
@@ -177,7 +182,7 @@ def _eval_head(model, tokenizer, draft, datasets, limit, max_new_tokens, tree_kw
 
 
 def _answer(model, tokenizer, draft, messages: list[dict], max_new_tokens: int, tree_kwargs: dict) -> str:
-    """The target's greedy reply to `messages` (up to max_new_tokens, through the head: the same tokens as plain
+    """The target's greedy reply to `messages` (up to max_new_tokens, through the head: in fp32 the tokens of plain
     greedy decoding), as the text a chat would keep in its history."""
     ids = chat_input_ids(tokenizer, messages)
     out = model.generate(ids, assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False, **tree_kwargs)

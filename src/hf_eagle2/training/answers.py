@@ -30,20 +30,19 @@ from time import monotonic
 import numpy as np
 from tqdm.auto import tqdm
 
-from .features import (Sampling, _batches, aux_layer_ids, check_work_settings, device_description, extraction_meta,
-                       generate_with_features, pad_and_eos_ids, work_items)
+from .features import (SETTING_DEFAULTS, Sampling, _batches, aux_layer_ids, check_work_settings, device_description,
+                       extraction_meta, generate_with_features, pad_and_eos_ids, work_items)
 from .tokens import TokenArchive, read_tokens, save_arrays, write_archive
 
 # meta keys that say where or how much, or describe features rather than tokens: archives that differ only in these
 # join (a resume also compares answered_on: one archive's answers come from one machine)
 _PLACE_KEYS = ("tokens", "shards", "hidden_size", "feature_dtype", "first_shard", "answered_on", "answer_sources",
                "sequences_reached")  # fmt: skip
-_DEFAULTS = {"min_prompt_tokens": 0, "sampling": None}  # settings older folders lack, as extract reads them
 
 
 def _setting_differences(a: dict, b: dict, skip: tuple[str, ...]) -> list[str]:
     """'key: a -> b' for every setting (the union of both metas' keys, minus `skip`) the two disagree on."""
-    a, b = _DEFAULTS | a, _DEFAULTS | b
+    a, b = SETTING_DEFAULTS | a, SETTING_DEFAULTS | b
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(a.keys() | b.keys())
             if k not in skip and a.get(k) != b.get(k)]  # fmt: skip
 
@@ -86,10 +85,11 @@ def answer_prompts(model, tokenizer, prompts_path: str, out_path: str, *, rows_p
     the group: less padding), and the archive is rewritten after each group; no group is started that the last
     one's duration says would end past `time_limit` seconds. Returns a summary.
 
-    sampling: answers drawn at its temperature instead (the meta's `sampling` records it, so such an archive joins
-    and resumes only with answers drawn alike); each call's seed derives from its seed, the group's first shard
-    (of the whole work list) and the call's index, so a run resumed with the same `rows_per_write` and
-    `rows_per_call` draws what one whole run would have on the same machine."""
+    sampling: answers drawn at its temperature instead; each call's seed derives from its seed, the group's first
+    shard (of the whole work list) and the call's number within the group, so a resumed run draws what one whole
+    run would have on the same machine. The meta's `sampling` records it with `rows_per_write` and
+    `rows_per_call` (they set the groups and calls), so such an archive resumes and joins only with answers drawn
+    alike."""
     prompts = read_tokens(prompts_path)
     if not prompts.meta.get("prompts_only"):
         raise ValueError(f"{prompts_path} is not a prompt archive (export-prompts): it holds answers already")
@@ -101,7 +101,8 @@ def answer_prompts(model, tokenizer, prompts_path: str, out_path: str, *, rows_p
         raise ValueError(f"{prompts_path} holds token ids outside this target's vocabulary: another target's prompts")
     pad_id, eos_ids = pad_and_eos_ids(model, tokenizer)
     meta = {k: v for k, v in prompts.meta.items() if k != "prompts_only"} | {"answered_on": device_description(model)}
-    meta["sampling"] = None if sampling is None else sampling.meta()
+    meta["sampling"] = None if sampling is None else sampling.meta() | {"rows_per_write": rows_per_write,
+                                                                          "rows_per_call": rows_per_call}
     total = len(prompts.shard_sequences)
     done = _answered_so_far(out_path, prompts, meta)
     max_new = int(meta["max_new_tokens"])
@@ -120,8 +121,8 @@ def answer_prompts(model, tokenizer, prompts_path: str, out_path: str, *, rows_p
         seqs = [(sid, ids) for shard in group for sid, ids, _ in prompts.shard(shard)]
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][1]))
         answered: list[list[int] | None] = [None] * len(seqs)
-        for call in range(0, len(order), rows_per_call):
-            picked = order[call : call + rows_per_call]
+        for call, first_row in enumerate(range(0, len(order), rows_per_call)):
+            picked = order[first_row : first_row + rows_per_call]
             drawn = None if sampling is None else sampling.for_call(int(meta["first_shard"]) + group[0], call)
             results = generate_with_features(model, [seqs[i][1] for i in picked], max_new, eos_ids, pad_id,
                                              sampling=drawn)  # fmt: skip

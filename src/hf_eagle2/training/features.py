@@ -94,11 +94,11 @@ class _EosFedBack(StoppingCriteria):
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampled self-distillation: answers drawn from the target's own distribution at `temperature` (no top-k, top-p
-    or other truncation: the model's generation_config is overridden), the generator seeded with `seed` for each
-    `generate_with_features` call (the caller derives one seed per call, so a resumed run draws what a whole run
-    would have). The soft labels training reads stay the target's full distribution at every position; sampling
-    only changes which prefixes the answers visit."""
+    """Sampled self-distillation: answers drawn from the target's own distribution at `temperature`, unshaped (no
+    top-k, top-p, repetition penalty or any other logits processor a model's generation_config may set: each is
+    overridden), the global generators seeded with `seed` for one `generate_with_features` call (the caller derives
+    one seed per call: `for_call`). The soft labels training reads stay the target's full distribution at every
+    position; sampling only changes which prefixes the answers visit."""
 
     temperature: float
     seed: int
@@ -110,10 +110,14 @@ class Sampling:
 
     def generate_kwargs(self) -> dict:
         return {"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0, "min_p": None,
-                "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}  # fmt: skip
+                "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None, "repetition_penalty": 1.0,
+                "no_repeat_ngram_size": 0, "bad_words_ids": None, "sequence_bias": None, "suppress_tokens": None,
+                "begin_suppress_tokens": None, "min_length": 0, "min_new_tokens": None,
+                "exponential_decay_length_penalty": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+                "guidance_scale": None, "watermarking_config": None}  # fmt: skip
 
     def meta(self) -> dict:
-        """What an archive records (its meta's `sampling`; None there means greedy)."""
+        """What an archive records in its meta's `sampling` (None there means greedy), with the caller's own keys."""
         return {"temperature": self.temperature, "seed": self.seed}
 
     def for_call(self, *keys: int) -> "Sampling":
@@ -128,7 +132,8 @@ def _seeded(sampling: Sampling | None, device: torch.device):
     if sampling is None:
         yield
         return
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    # torch.manual_seed seeds every CUDA device, so every one's state is restored after
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if device.type == "cuda" else []):
         torch.manual_seed(sampling.seed)
         yield
 
@@ -410,14 +415,18 @@ def work_items(tokenizer, *, responses: str, split: str, turns: str, min_prompt_
         yield from kept
 
 
+# settings a folder or archive from before them lacks, read as what it was made with (no lower bound, greedy)
+SETTING_DEFAULTS = {"min_prompt_tokens": 0, "sampling": None}
+
+
 def extraction_meta(model, *, responses: str, split: str, turns: str, max_new_tokens: int, max_prompt_tokens: int,
                     min_prompt_tokens: int, max_seq_tokens: int, batch_size: int, aux_layers: tuple[int, ...]) -> dict:
     """What a folder's shards are a function of (shard i holds batch i of the work list): a folder resumes only
     with the same. dtype: the target's when it wrote the answers; feature_dtype: when it computed the features
     (stored as fp16 either way); the two differ only in a folder rebuilt in another dtype (`rebuild_features`).
-    sampling: None for greedy answers (all `extract` writes); `answer --temperature` records its `Sampling.meta`,
-    so `extract` refuses to extend a folder of sampled answers with greedy ones (older folders lack the key, and
-    `setting_changes` compares only keys a folder records)."""
+    sampling: None for greedy answers (all `extract` writes); `answer --temperature` records its sampling, so
+    `extract` and `rebuild_features` refuse to mix sampled and greedy shards in one folder (a folder from before
+    a setting reads as its `SETTING_DEFAULTS` value)."""
     dtype = str(model.dtype).removeprefix("torch.")
     return {"responses": responses, "split": split, "turns": turns, "max_new_tokens": max_new_tokens,
             "max_prompt_tokens": max_prompt_tokens, "min_prompt_tokens": min_prompt_tokens,
@@ -467,7 +476,7 @@ def extract_features(
     done = shard_paths([out_dir])
     if done and os.path.exists(meta_path):
         with open(meta_path) as f:
-            saved = {"min_prompt_tokens": 0, **json.load(f)}  # folders from before the setting: no lower bound
+            saved = SETTING_DEFAULTS | json.load(f)
         changed = setting_changes(saved, meta, skip=("hidden_size",))
         if saved.get("feature_dtype", saved.get("dtype")) != saved.get("dtype"):
             raise ValueError(f"{out_dir} holds answers written in {saved.get('dtype')} and features rebuilt in "
@@ -582,7 +591,7 @@ def setting_changes(saved: dict, now: dict, skip: tuple[str, ...] = ()) -> list[
     return [f"{k}: {saved[k]!r} -> {v!r}" for k, v in now.items() if k not in skip and k in saved and saved[k] != v]
 
 
-_SHARD_NAME = re.compile(r"shard_(\d{5,})\.safetensors")
+_SHARD_NAME = re.compile(r"shard_([0-9]{5}|[1-9][0-9]{5,})\.safetensors")  # what shard_name writes, and only that
 
 
 def shard_name(index: int) -> str:
@@ -602,7 +611,7 @@ def shard_paths(folders: list[str]) -> list[str]:
     """Every shard under the given folders, in folder then shard-index order (past 99,999 the names grow a digit,
     so their string order is not their index order)."""
     return [os.path.join(folder, name) for folder in folders
-            for name in sorted((f for f in os.listdir(folder) if _SHARD_NAME.fullmatch(f)), key=shard_index)]  # fmt: skip
+            for name in sorted((n for n in os.listdir(folder) if _SHARD_NAME.fullmatch(n)), key=shard_index)]
 
 
 def shard_spans(shard: dict[str, torch.Tensor]) -> Iterator[tuple[int, int]]:

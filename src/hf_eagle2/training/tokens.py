@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .features import (Sequence, aux_layer_ids, cut_prompt, forward_features, open_shard, setting_changes,
-                       shard_index, shard_name, shard_paths, shard_sequence_ids, shard_sequences, shard_spans,
-                       write_shard)
+from .features import (SETTING_DEFAULTS, Sequence, aux_layer_ids, cut_prompt, forward_features, open_shard,
+                       setting_changes, shard_index, shard_name, shard_paths, shard_sequence_ids, shard_sequences,
+                       shard_spans, write_shard)
 
 ARCHIVE_VERSION = 1
 
@@ -195,7 +195,7 @@ def rebuild_features(model, path: str, out_dir: str, *, pad_id: int = 0, eagle3:
     meta_path = os.path.join(out_dir, "meta.json")
     if shard_paths([out_dir]) and os.path.exists(meta_path):
         with open(meta_path) as f:
-            saved = json.load(f)
+            saved = SETTING_DEFAULTS | json.load(f)
         if saved.get("max_prompt_context") != max_prompt_context:
             raise ValueError(f"{out_dir} keeps {_kept(saved.get('max_prompt_context'))}, this rebuild would keep "
                              f"{_kept(max_prompt_context)}: one folder, one cut (hf-eagle2 cut-features cuts a "
