@@ -4,8 +4,8 @@ import time
 import torch
 
 import hf_eagle2
-from hf_eagle2.assets import load_model
-from hf_eagle2.evaluation import chat_input_ids
+from hf_eagle2.evaluation.assets import load_model
+from hf_eagle2.evaluation.evaluate import chat_input_ids
 
 torch.set_num_threads(2)
 model, tok = load_model("smollm2")

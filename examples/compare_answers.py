@@ -22,7 +22,7 @@ import argparse
 
 import torch
 
-from hf_eagle2.assets import load_model
+from hf_eagle2.evaluation.assets import load_model
 from hf_eagle2.training.tokens import read_tokens
 
 

@@ -19,8 +19,8 @@ import argparse
 import torch
 
 from hf_eagle2 import EagleDraftModel
-from hf_eagle2.assets import load_model
-from hf_eagle2.modeling_eagle3 import Eagle3DraftModel
+from hf_eagle2.evaluation.assets import load_model
+from hf_eagle2.heads.modeling_eagle3 import Eagle3DraftModel
 from hf_eagle2.training.train import FeatureSet, eagle_loss, epoch_batches
 
 TOP = (1, 3, 10)

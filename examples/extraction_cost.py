@@ -35,8 +35,8 @@ import time
 
 import torch
 
-from hf_eagle2.assets import load_model
-from hf_eagle2.cpu_kernels import optimize_for_cpu
+from hf_eagle2.evaluation.assets import load_model
+from hf_eagle2.kernels.cpu import optimize_for_cpu
 from hf_eagle2.training.data import iter_sharegpt
 from hf_eagle2.training.features import (_left_pad, answered_rows, aux_layer_ids, forward_features,
                                         generate_with_features, pad_and_eos_ids, turn_prompts)

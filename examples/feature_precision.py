@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from hf_eagle2.assets import load_model
+from hf_eagle2.evaluation.assets import load_model
 from hf_eagle2.training.data import iter_sharegpt, render_with_loss_mask
 from hf_eagle2.training.features import aux_layer_ids, forward_features
 

@@ -12,7 +12,7 @@ import argparse
 import torch
 
 from hf_eagle2 import EagleDraftModel
-from hf_eagle2.assets import load_model
+from hf_eagle2.evaluation.assets import load_model
 from hf_eagle2.training.train import TrainConfig, Trainer
 
 

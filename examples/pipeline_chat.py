@@ -7,7 +7,7 @@ import torch
 from transformers import pipeline
 
 import hf_eagle2
-from hf_eagle2.assets import load_model
+from hf_eagle2.evaluation.assets import load_model
 
 model, tokenizer = load_model("smollm2")
 draft = hf_eagle2.EagleDraftModel.from_pretrained("model_cards/smollm2-135m-instruct-eagle2")

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 from transformers import AutoTokenizer
 
-from hf_eagle2.assets import converted_gguf_folder, resolve_gguf
+from hf_eagle2.evaluation.assets import converted_gguf_folder, resolve_gguf
 from hf_eagle2.training.data import is_heldout, iter_json_array, iter_sharegpt, sharegpt_path
 from hf_eagle2.training.features import turn_prompts
 

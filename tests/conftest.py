@@ -39,7 +39,7 @@ CHAT_PROMPTS = [
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from hf_eagle2.assets import load_model
+    from hf_eagle2.evaluation.assets import load_model
 
     model, tokenizer = load_model("smollm2", dtype="float32")
     return model, tokenizer
@@ -55,7 +55,7 @@ TINY_VOCAB = 32
 
 def emulate_bf16(monkeypatch, native: bool):
     """Makes this machine look like an x86 CPU with (native=True) or without AVX512-BF16 / AMX."""
-    monkeypatch.setattr("hf_eagle2.cpu_kernels.platform.machine", lambda: "x86_64")
+    monkeypatch.setattr("hf_eagle2.kernels.cpu.platform.machine", lambda: "x86_64")
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
 

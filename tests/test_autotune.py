@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from hf_eagle2.autotune import CostModel
-from hf_eagle2.drafter import AUTO_MAX_DEPTH, AUTO_MAX_TOKENS, DEFAULT_CPU_NGRAM, TreeOptions
-from hf_eagle2.tree import RoundBudget
+from hf_eagle2.engine.budget import CostModel
+from hf_eagle2.engine.drafter import AUTO_MAX_DEPTH, AUTO_MAX_TOKENS, DEFAULT_CPU_NGRAM, TreeOptions
+from hf_eagle2.engine.tree import RoundBudget
 
 COST = CostModel(verify_q=[1, 3, 5, 9], verify_s=[0.040, 0.045, 0.050, 0.070], draft_step_s=0.005, overhead_s=0.0)
 

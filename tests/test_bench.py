@@ -6,8 +6,8 @@ import os
 import pytest
 
 from hf_eagle2 import cli
-from hf_eagle2.bench import Run, summarize, update_readme
-from hf_eagle2.evaluation import BUILTIN_PROMPTS, load_prompts, parse_limit
+from hf_eagle2.evaluation.bench import Run, summarize, update_readme
+from hf_eagle2.evaluation.evaluate import BUILTIN_PROMPTS, load_prompts, parse_limit
 
 SHIPPED_HEAD = os.path.join(os.path.dirname(__file__), "..", "model_cards", "smollm2-135m-instruct-eagle2")
 SMOKE_METHODS = ["plain", "plain_stock", "prompt_lookup", "assisted_chain", "eagle1", "eagle2", "eagle2_no_ngram",
@@ -69,7 +69,7 @@ def test_inexact_dtypes_time_every_run_and_report_divergence():
 def test_mark_divergence_finds_the_first_differing_token():
     import torch
 
-    from hf_eagle2.bench import mark_divergence
+    from hf_eagle2.evaluation.bench import mark_divergence
 
     run = Run("eagle2", "p", 1.0, 4, 2, True)
     mark_divergence(run, torch.tensor([[1, 2, 3, 4, 9, 9]]), torch.tensor([[1, 2, 3, 4, 5, 9]]), prompt_len=2)

@@ -7,10 +7,10 @@ import yaml
 from conftest import tiny_model
 
 from hf_eagle2 import EagleDraftModel
-from hf_eagle2.card import (acceptance_by_depth, assemble_results, chain_stage_commands, merge_evaluations,
+from hf_eagle2.heads.card import (acceptance_by_depth, assemble_results, chain_stage_commands, merge_evaluations,
                             parse_front_matter, render_card, row_label, write_card)
-from hf_eagle2.head_formats import weights_sha256
-from hf_eagle2.hub import push_head_folder
+from hf_eagle2.heads.formats import weights_sha256
+from hf_eagle2.heads.hub import push_head_folder
 
 RESULTS = {
     "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -288,7 +288,7 @@ def test_card_merges_one_heads_evaluations_of_different_datasets(tmp_path):
     refused, and calibration.png is redrawn from what the card reports."""
     import torch
 
-    from hf_eagle2.calibration import reliability
+    from hf_eagle2.heads.calibration import reliability
 
     confidence, outcome = torch.rand(500, generator=torch.Generator().manual_seed(0)), torch.rand(500) < 0.5
     whole = reliability(confidence, outcome).to_dict()

@@ -10,7 +10,7 @@ from conftest import emulate_bf16, tiny_model
 from torch import nn
 
 from hf_eagle2 import Eagle3DraftModel, EagleDraftModel, optimize_for_cpu
-from hf_eagle2.cpu_kernels import (NEVER, PackedLinear, bf16_is_emulated, fast_path_available, is_optimized,
+from hf_eagle2.kernels.cpu import (NEVER, PackedLinear, bf16_is_emulated, fast_path_available, is_optimized,
                                    kernel_crossover, min_rows_of, packable)
 
 pytestmark = pytest.mark.skipif(not fast_path_available(), reason="this torch build has no oneDNN")
@@ -36,8 +36,8 @@ def test_packed_linear_matches_f_linear(dtype, rows):
 
 def test_bf16_stays_on_f_linear_where_onednn_cannot_pack_it(monkeypatch):
     """A Zen 3 EPYC (AVX2) has no bf16 reorder: optimize_for_cpu must not measure or call it there."""
-    monkeypatch.setattr("hf_eagle2.cpu_kernels.packable", lambda dtype: dtype == torch.float32)
-    monkeypatch.setattr("hf_eagle2.cpu_kernels.kernel_crossover", lambda dtype, shapes: 1)
+    monkeypatch.setattr("hf_eagle2.kernels.cpu.packable", lambda dtype: dtype == torch.float32)
+    monkeypatch.setattr("hf_eagle2.kernels.cpu.kernel_crossover", lambda dtype, shapes: 1)
     mixed = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 32).to(torch.bfloat16))
     optimize_for_cpu(mixed)
     assert min_rows_of(mixed) == {torch.float32: 1, torch.bfloat16: NEVER}
@@ -110,7 +110,7 @@ def test_eagle3_head_follows_the_target_onto_fast_kernels():
 
 
 def test_loading_a_bf16_target_warns_where_the_cpu_emulates_bf16(smollm2, monkeypatch, recwarn):
-    from hf_eagle2.assets import load_model
+    from hf_eagle2.evaluation.assets import load_model
 
     emulate_bf16(monkeypatch, native=False)
     assert bf16_is_emulated()

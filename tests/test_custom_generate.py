@@ -13,8 +13,9 @@ import pytest
 from conftest import tiny_model
 
 import hf_eagle2
-from hf_eagle2 import EagleDraftModel, hub
-from hf_eagle2.card import parse_front_matter
+from hf_eagle2 import EagleDraftModel
+from hf_eagle2.heads import hub
+from hf_eagle2.heads.card import parse_front_matter
 from hf_eagle2.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

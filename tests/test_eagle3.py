@@ -9,8 +9,8 @@ from conftest import tiny_model
 from safetensors.torch import load_file, save_file
 
 from hf_eagle2 import Eagle3DraftModel, EagleDraftModel
-from hf_eagle2.drafter import EagleDrafter, TreeOptions
-from hf_eagle2.target import TargetModel
+from hf_eagle2.engine.drafter import EagleDrafter, TreeOptions
+from hf_eagle2.engine.target import TargetModel
 
 H, V, N, LAYERS = 64, 32, 24, 8  # tiny Llama target with 8 layers: features are hidden_states[2], [4], [5]
 DRAFT_IDS = torch.tensor([0, 1, 2, 3, 4, 6, 7, 9, 10, 11, 12, 14, 15, 17, 18, 19, 20, 22, 24, 25, 27, 28, 30, 31])

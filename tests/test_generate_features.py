@@ -141,7 +141,7 @@ def test_pipeline_with_chat_messages(smollm2, head):
 def test_device_map_cpu(head):
     """A target loaded through accelerate's device_map path (transformers 5.x sets no `hf_device_map` for a
     single-device map, so there is nothing more to check about the placement than the device)."""
-    from hf_eagle2.assets import load_model
+    from hf_eagle2.evaluation.assets import load_model
 
     model, tokenizer = load_model("smollm2", device_map="cpu")
     assert model.device.type == "cpu" and model.lm_head.weight.device.type == "cpu"
@@ -154,7 +154,7 @@ def test_device_map_cpu(head):
 def test_bf16_target_on_cpu():
     """A bf16 target (the head follows its dtype). Tree and sequential bf16 arithmetic round differently, so
     this checks that it runs, accepts drafts and mostly agrees with plain bf16 greedy decoding."""
-    from hf_eagle2.assets import load_model
+    from hf_eagle2.evaluation.assets import load_model
 
     model, tokenizer = load_model("smollm2", dtype="bfloat16")
     head = EagleDraftModel.from_pretrained(SHIPPED_HEAD)

@@ -350,7 +350,7 @@ def test_reserved_cache_generation(tree):
     """A `reserved_cache` (in-place KV writes into spare slots) passed as `cache=`: plain and tree generate give
     plain's tokens, in a batch with left padding (rows accepting different lengths leave holes) and alone, and a
     reserve of 3 slots makes the buffers grow (copy) many times in one answer."""
-    from hf_eagle2.reserved_cache import ReservedLayer, reserved_cache
+    from hf_eagle2.kernels.reserved_cache import ReservedLayer, reserved_cache
 
     model = tiny_model("llama", seed=1)
     draft = trained_tiny_draft(model, "llama")

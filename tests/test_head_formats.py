@@ -119,7 +119,7 @@ def test_official_eagle12_layout(tmp_path, caplog):
     assert greedy_identical(target, again, tree="eagle2", tree_total_tokens=10)
 
     reduced = EagleDraftModel.from_target(target, seed=0, draft_vocab=torch.arange(0, target.config.vocab_size, 2))
-    with caplog.at_level(logging.WARNING, logger="hf_eagle2.head_formats"):
+    with caplog.at_level(logging.WARNING, logger="hf_eagle2.heads.formats"):
         reduced.save_pretrained(tmp_path / "reduced", layout="official")
     assert "no reduced draft vocabulary" in caplog.text
     assert "d2t" not in load_file(str(tmp_path / "reduced" / "model.safetensors"))

@@ -9,8 +9,8 @@ from conftest import tiny_model
 from safetensors.torch import load_file, save_file
 
 from hf_eagle2 import EagleConfig, EagleDraftModel
-from hf_eagle2.bench import ForwardCounter  # counts target forwards (a hook on the decoder)
-from hf_eagle2.head_formats import weights_sha256
+from hf_eagle2.evaluation.bench import ForwardCounter  # counts target forwards (a hook on the decoder)
+from hf_eagle2.heads.formats import weights_sha256
 
 
 def official_config(head: EagleDraftModel) -> dict:

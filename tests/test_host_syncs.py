@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-import hf_eagle2.autotune as autotune
+import hf_eagle2.engine.budget as autotune
 from hf_eagle2 import EagleDraftModel
 
 SYNCING = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero")

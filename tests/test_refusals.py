@@ -7,8 +7,8 @@ from conftest import tiny_model
 from transformers import CompileConfig, SynthIDTextWatermarkingConfig, WatermarkingConfig
 
 from hf_eagle2 import EagleDraftModel
-from hf_eagle2.bench import ForwardCounter  # counts target forwards (a hook on the decoder)
-from hf_eagle2.decoding import _check_supported
+from hf_eagle2.evaluation.bench import ForwardCounter  # counts target forwards (a hook on the decoder)
+from hf_eagle2.engine.decoding import _check_supported
 
 REFUSED = {
     "contrastive": (dict(penalty_alpha=0.6, top_k=4), "penalty_alpha"),

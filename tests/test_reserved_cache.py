@@ -5,7 +5,7 @@ import torch
 from conftest import tiny_model
 from transformers.cache_utils import DynamicLayer
 
-from hf_eagle2.reserved_cache import ReservedLayer, concat_rows, reserved_cache
+from hf_eagle2.kernels.reserved_cache import ReservedLayer, concat_rows, reserved_cache
 
 
 def kv(batch, n, seed):

@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_model
 from scipy.stats import chisquare
 
-import hf_eagle2.verify as verify
+import hf_eagle2.engine.verify as verify
 from hf_eagle2 import EagleDraftModel
 
 VOCAB = 8
@@ -102,7 +102,7 @@ def test_biased_verifier_fails_the_same_test(setup, monkeypatch):
             choice[:, 0] = tree.tokens[:, 1]  # pretend the target always agrees with the best depth-1 node
         return original(tree, choice)
 
-    monkeypatch.setattr("hf_eagle2.decoding.accept", biased)
+    monkeypatch.setattr("hf_eagle2.engine.decoding.accept", biased)
     counts, _ = sample_pairs(model, prompt, draft, SAMPLES, seed=0)
     pvalue = chi2_pvalue(counts, joint)
     print(f"biased verifier: {SAMPLES} samples, chi-square p = {pvalue:.3g}")

@@ -7,7 +7,7 @@ from conftest import tiny_model
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from hf_eagle2 import EagleDraftModel
-from hf_eagle2.target import TargetModel
+from hf_eagle2.engine.target import TargetModel
 
 POSTPROCESSING = ["cohere", "granite", "gemma2"]
 ALL_FAMILIES = ["llama", "qwen2", "gemma3", *POSTPROCESSING]

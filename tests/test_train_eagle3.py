@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_model
 
 from hf_eagle2 import Eagle3DraftModel, EagleDraftModel
-from hf_eagle2.reserved_cache import concat_rows
+from hf_eagle2.kernels.reserved_cache import concat_rows
 from hf_eagle2.training import features
 from hf_eagle2.training.data import iter_sharegpt
 from hf_eagle2.training.features import (

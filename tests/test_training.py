@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import emulate_bf16
 
-from hf_eagle2.cpu_kernels import fast_path_available, is_optimized, optimize_for_cpu
-from hf_eagle2.evaluation import SHAREGPT_PROMPT_CHARS, eval_head, load_prompts
+from hf_eagle2.kernels.cpu import fast_path_available, is_optimized, optimize_for_cpu
+from hf_eagle2.evaluation.evaluate import SHAREGPT_PROMPT_CHARS, eval_head, load_prompts
 from hf_eagle2.training.data import conversation_base, is_heldout, iter_json_array, iter_sharegpt, render_with_loss_mask, sharegpt_path
 from hf_eagle2.training.features import extract_features, forward_features, iter_shards
 from hf_eagle2 import EagleDraftModel
@@ -463,7 +463,7 @@ def test_a_truncated_shard_is_named(real_features, tmp_path):
 def test_eval_head_measures_tau_and_leaves_the_kernels_as_they_were(smollm2, kernels, monkeypatch):
     """eval-head's τ is the rounds' tokens per target forward of real generate calls, on the kernels asked for; the
     model's own kernels are restored after."""
-    import hf_eagle2.evaluation as evaluation
+    import hf_eagle2.evaluation.evaluate as evaluation
 
     if kernels == "fast" and not fast_path_available():
         pytest.skip("no oneDNN in this torch build")
@@ -493,9 +493,9 @@ def test_eval_head_measures_tau_and_leaves_the_kernels_as_they_were(smollm2, ker
 def test_eval_head_mtbench2_measures_second_turns_after_the_targets_own_answer(smollm2, monkeypatch):
     """`eval-head --dataset mtbench2`: each MT-bench question's second turn, asked after the target's greedy answer
     to its first (the history a chat keeps), and only the second answer counted."""
-    import hf_eagle2.evaluation as evaluation
-    from hf_eagle2.assets import mtbench_questions
-    from hf_eagle2.bench import run_bench
+    import hf_eagle2.evaluation.evaluate as evaluation
+    from hf_eagle2.evaluation.assets import mtbench_questions
+    from hf_eagle2.evaluation.bench import run_bench
 
     model, tokenizer = smollm2
     draft = EagleDraftModel.from_target(model, seed=0)

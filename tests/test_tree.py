@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from hf_eagle2.tree import EAGLE1_TREE, StaticTreeSpec, build_dynamic_tree, build_static_tree, chain_tree
+from hf_eagle2.engine.tree import EAGLE1_TREE, StaticTreeSpec, build_dynamic_tree, build_static_tree, chain_tree
 
 HIDDEN, VOCAB = 8, 12
 
@@ -188,7 +188,7 @@ def test_small_parameter_corners(m, depth, k):
 
 
 def chain_of(tokens, rate, bsz=2):
-    from hf_eagle2.ngram import NgramChain
+    from hf_eagle2.engine.ngram import NgramChain
 
     t = torch.tensor(tokens).expand(bsz, -1)
     depth = torch.arange(1, t.shape[1] + 1, dtype=torch.float32)
@@ -233,7 +233,7 @@ def test_ngram_chain_with_low_value_loses_to_head_nodes():
 
 
 def test_ngram_proposer_finds_the_most_recent_match():
-    from hf_eagle2.ngram import NgramProposer
+    from hf_eagle2.engine.ngram import NgramProposer
 
     prop = NgramProposer(length=3, max_ngram=2)
     seq = torch.tensor([1, 2, 3, 4, 9, 1, 2, 5, 6, 8, 1, 2])

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from conftest import tiny_model
 
 from hf_eagle2 import Eagle3DraftModel, EagleDraftModel
-from hf_eagle2.unrolled_attention import UnrolledMask, unrolled_attention
+from hf_eagle2.kernels.unrolled_attention import UnrolledMask, unrolled_attention
 
 
 def masked_reference(q, k, v, passes):

@@ -5,9 +5,9 @@ import torch
 from conftest import tiny_model
 from transformers.cache_utils import DynamicCache, StaticCache
 
-from hf_eagle2.cache import prune_tree_cache
-from hf_eagle2.target import TargetModel
-from hf_eagle2.tree import DraftTree, _ancestors_from_parents
+from hf_eagle2.engine.cache import prune_tree_cache
+from hf_eagle2.engine.target import TargetModel
+from hf_eagle2.engine.tree import DraftTree, _ancestors_from_parents
 
 
 def random_tree(root_token, vocab, num_nodes, max_depth, seed):

@@ -7,16 +7,16 @@
 
 from transformers import AutoConfig, AutoModel
 
-from .candidate_generator import EagleCandidateGenerator
-from .configuration_eagle import Eagle3Config, EagleConfig
-from .cpu_kernels import optimize_for_cpu
-from .decoding import EagleGenerateOutput, eagle_generate
-from .drafter import EagleDrafter, TreeOptions
+from .engine.candidate_generator import EagleCandidateGenerator
+from .heads.configuration_eagle import Eagle3Config, EagleConfig
+from .kernels.cpu import optimize_for_cpu
+from .engine.decoding import EagleGenerateOutput, eagle_generate
+from .engine.drafter import EagleDrafter, TreeOptions
 from .integration import register, unregister
-from .modeling_eagle import EagleDraftModel
-from .modeling_eagle3 import Eagle3DraftModel
-from .stats import EagleStats
-from .tree import EAGLE1_TREE, DraftTree, build_dynamic_tree, build_static_tree
+from .heads.modeling_eagle import EagleDraftModel
+from .heads.modeling_eagle3 import Eagle3DraftModel
+from .engine.stats import EagleStats
+from .engine.tree import EAGLE1_TREE, DraftTree, build_dynamic_tree, build_static_tree
 
 __version__ = "0.1.0"
 

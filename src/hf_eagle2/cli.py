@@ -17,7 +17,7 @@ DEFAULT_CUSTOM_GENERATE = "custom_generate"
 def load_draft(spec: str | None, model):
     """A head from a local folder or Hub id; `random` (or the default folder when it is missing) gives a fresh
     randomly initialised head, said so in the returned description."""
-    from .modeling_eagle import EagleDraftModel
+    from .heads.modeling_eagle import EagleDraftModel
 
     if spec and spec != "random" and (os.path.exists(spec) or spec != DEFAULT_HEAD):
         return EagleDraftModel.from_pretrained(spec), spec
@@ -32,7 +32,7 @@ def _threads(n: int | None) -> None:
 
 
 def cmd_extract(args) -> None:
-    from .assets import load_model
+    from .evaluation.assets import load_model
     from .training.features import extract_features
 
     _threads(args.threads)
@@ -64,7 +64,7 @@ def cmd_export_tokens(args) -> None:
 
 
 def cmd_export_prompts(args) -> None:
-    from .assets import load_model
+    from .evaluation.assets import load_model
     from .training.answers import export_prompts
 
     model, tokenizer = load_model(args.model, dtype=args.dtype)
@@ -77,7 +77,7 @@ def cmd_export_prompts(args) -> None:
 
 
 def cmd_answer(args) -> None:
-    from .assets import load_model
+    from .evaluation.assets import load_model
     from .training.answers import answer_prompts
     from .training.features import Sampling
     from .training.tokens import read_tokens
@@ -103,7 +103,7 @@ def cmd_join_tokens(args) -> None:
 
 
 def cmd_rebuild_features(args) -> None:
-    from .assets import load_model
+    from .evaluation.assets import load_model
     from .training.tokens import read_tokens, rebuild_features
 
     _threads(args.threads)
@@ -134,7 +134,7 @@ def shard_range(text: str) -> tuple[int, int | None]:
 
 
 def cmd_train(args) -> None:
-    from .assets import load_model
+    from .evaluation.assets import load_model
     from .training.train import TrainConfig, Trainer
 
     _threads(args.threads)
@@ -156,7 +156,7 @@ def cmd_train(args) -> None:
           f"{trainer.steps_per_epoch} steps/epoch, {trainer.total_steps} steps")  # fmt: skip
     trainer.run(resume=not args.restart)
     head_dir = args.head_out or os.path.join(args.out, "head")
-    from .assets import HUB_NAMES, resolve_dtype
+    from .evaluation.assets import HUB_NAMES, resolve_dtype
 
     trainer.head.config.target_model = HUB_NAMES.get(args.model, trainer.head.config.target_model)
     trainer.save_head(head_dir, dtype=resolve_dtype(args.head_dtype) if args.head_dtype else None,
@@ -166,10 +166,10 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval_head(args) -> None:
-    from .assets import load_model
-    from .calibration import markdown_table, plot_reliability
-    from .evaluation import eval_head, parse_limit
-    from .modeling_eagle import EagleDraftModel
+    from .evaluation.assets import load_model
+    from .heads.calibration import markdown_table, plot_reliability
+    from .evaluation.evaluate import eval_head, parse_limit
+    from .heads.modeling_eagle import EagleDraftModel
 
     limit = parse_limit(args.limit, args.dataset.split(","))  # before loading anything: a typo fails at once
     _threads(args.threads)
@@ -197,9 +197,9 @@ def cmd_eval_head(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from .assets import load_model
-    from .bench import markdown, readme_section, run_bench, update_readme, write_outputs
-    from .evaluation import parse_limit
+    from .evaluation.assets import load_model
+    from .evaluation.bench import markdown, readme_section, run_bench, update_readme, write_outputs
+    from .evaluation.evaluate import parse_limit
 
     limit = parse_limit(args.limit, args.dataset.split(","))
     _threads(args.threads)
@@ -208,7 +208,7 @@ def cmd_bench(args) -> None:
     if source != args.draft and args.draft != "random":  # the default head folder is missing (another directory?)
         print(f"bench: {args.draft} not found; benchmarking {source}", file=sys.stderr)
     if args.cost_curve:
-        from .bench import cost_curve, cost_curve_markdown
+        from .evaluation.bench import cost_curve, cost_curve_markdown
 
         curve = cost_curve(model, draft.bind(model))
         print(cost_curve_markdown(curve))
@@ -238,7 +238,7 @@ def cmd_bench(args) -> None:
 
 
 def cmd_card(args) -> None:
-    from .card import assemble_results, write_card
+    from .heads.card import assemble_results, write_card
 
     extra = {key: _json_or_text(value) for key, value in (item.split("=", 1) for item in args.set or [])}
     extra["commands"] = {"card": "hf-eagle2 card " + shlex.join(sys.argv[2:])}
@@ -256,7 +256,7 @@ def cmd_card(args) -> None:
 
 
 def cmd_push(args) -> None:
-    from .hub import push_custom_generate, push_head_folder
+    from .heads.hub import push_custom_generate, push_head_folder
 
     if args.head is None and args.custom_generate is None:
         raise SystemExit("hf-eagle2 push: give --head and/or --custom-generate")
@@ -274,9 +274,9 @@ def cmd_demo(args) -> None:
     import torch
     from transformers import TextStreamer
 
-    from .assets import load_model
-    from .cpu_kernels import optimize_for_cpu
-    from .evaluation import chat_input_ids
+    from .evaluation.assets import load_model
+    from .kernels.cpu import optimize_for_cpu
+    from .evaluation.evaluate import chat_input_ids
     from .integration import used_tree_options
 
     _threads(args.threads)

@@ -27,9 +27,9 @@ from typing import Any
 from transformers import GenerationMixin, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from .candidate_generator import EagleCandidateGenerator, TreeOptions
-from .decoding import OTHER_DRAFTERS, eagle_generate
-from .modeling_eagle import EagleDraftModel
+from .engine.candidate_generator import EagleCandidateGenerator, TreeOptions
+from .engine.decoding import OTHER_DRAFTERS, eagle_generate
+from .heads.modeling_eagle import EagleDraftModel
 
 # generate kwarg / GenerationConfig field -> TreeOptions field
 TREE_FIELDS = {
@@ -131,7 +131,7 @@ def _generate(original, self, *args, **kwargs):
     extra = arguments.pop("kwargs", {})
     for name in ("cache", "past_key_values"):  # any generate call, plain ones too: never continue from holes
         if getattr(extra.get(name), "_hf_eagle2_holes", False):
-            from .decoding import HOLES_MESSAGE
+            from .engine.decoding import HOLES_MESSAGE
 
             raise ValueError(HOLES_MESSAGE)
     if isinstance(arguments.get("custom_generate"), str):  # a Hub/folder recipe: transformers loads and runs it

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .assets import cache_root
+from ..kernels.cpu import cache_root
 
 VERIFY_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -71,7 +71,7 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
     from .target import TargetModel
     from .tree import DraftTree, _ancestors_from_parents
 
-    from .cpu_kernels import min_rows_of
+    from ..kernels.cpu import min_rows_of
 
     target = TargetModel(model)
     tc = target.config

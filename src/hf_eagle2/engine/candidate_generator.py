@@ -14,7 +14,6 @@ import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from .drafter import EagleDrafter, TreeOptions
-from .modeling_eagle import EagleDraftModel
 from .target import hidden_states_request, select_features
 
 
@@ -23,7 +22,7 @@ class EagleCandidateGenerator(CandidateGenerator):
 
     requires_model_outputs = True  # the head reads the target's hidden states
 
-    def __init__(self, draft: EagleDraftModel, target_model, options: TreeOptions, max_length: int | None = None):
+    def __init__(self, draft: torch.nn.Module, target_model, options: TreeOptions, max_length: int | None = None):
         device = target_model.get_output_embeddings().weight.device
         self.drafter = EagleDrafter(draft, target_model, replace(options, tree="chain").resolved(device))
         self.options = self.drafter.options

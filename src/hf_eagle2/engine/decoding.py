@@ -26,7 +26,6 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import check_cache_supported, prune_tree_cache
 from .drafter import EagleDrafter, TreeOptions
-from .modeling_eagle import EagleDraftModel
 from .stats import EagleStats, Timer
 from .stopping import BlockStopper
 from .target import TargetModel
@@ -55,7 +54,7 @@ def eagle_generate(
     generation_config,
     synced_gpus: bool = False,
     *,
-    draft: EagleDraftModel,
+    draft: torch.nn.Module,
     options: TreeOptions,
     streamer=None,
     **model_kwargs,
@@ -136,7 +135,7 @@ def eagle_generate(
     per_round_budget = options.per_round_budget  # read before resolving: it asks whether a size is "auto"
     options = options.resolved(device)
     if per_round_budget:
-        from .autotune import round_budget
+        from .budget import round_budget
 
         budget = round_budget(model, draft.bind(model), options.top_k)
     # the head's context starts where this call's prefill does: the reused part has no features here, and the

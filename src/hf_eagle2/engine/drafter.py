@@ -19,9 +19,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from .modeling_eagle import EagleDraftModel
 from .ngram import NgramProposer
-from .reserved_cache import KVBuffer
+from ..kernels.reserved_cache import KVBuffer
 from .tree import (
     EAGLE1_TREE,
     DraftTree,
@@ -111,7 +110,7 @@ def _static_spec(paths: tuple[tuple[int, ...], ...], depth_limit: int, max_nodes
 class EagleDrafter:
     """Head KV over the accepted context plus tree drafting, for one generate call (rows share only tensors)."""
 
-    def __init__(self, draft: EagleDraftModel, target_model, options: TreeOptions, timer=None, budget=None,
+    def __init__(self, draft: torch.nn.Module, target_model, options: TreeOptions, timer=None, budget=None,
                  context_start: int = 0):  # fmt: skip
         """options: resolved `TreeOptions`; budget: optional `tree.RoundBudget` sizing each eagle2 round;
         context_start: the first slot whose feature the head gets (slots before it, e.g. a cache reused from an

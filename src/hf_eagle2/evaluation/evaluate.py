@@ -10,10 +10,10 @@ import torch
 from tqdm.auto import tqdm
 
 from .assets import humaneval_problems, mtbench_questions
-from .calibration import calibration_report, merge_logs
-from .integration import used_tree_options
-from .stats import tau_of
-from .training.data import conversation_base, is_heldout, iter_sharegpt
+from ..heads.calibration import calibration_report, merge_logs
+from ..integration import used_tree_options
+from ..engine.stats import tau_of
+from ..training.data import conversation_base, is_heldout, iter_sharegpt
 
 BUILTIN_PROMPTS = [
     "Write a short poem about the sea.",
@@ -121,7 +121,7 @@ def eval_head(model, tokenizer, draft, datasets=("mtbench", "humaneval"), limit=
     the packed kernels gain most."""
     if kernels not in ("stock", "fast"):
         raise ValueError(f"kernels must be 'stock' or 'fast', got {kernels!r}")
-    from .cpu_kernels import is_optimized, optimize_for_cpu
+    from ..kernels.cpu import is_optimized, optimize_for_cpu
 
     was = is_optimized(model)
     optimize_for_cpu(model, enable=kernels == "fast", release=False)  # the head follows when it binds

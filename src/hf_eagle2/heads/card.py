@@ -26,8 +26,8 @@ import shlex
 
 import yaml
 
-from .head_formats import weights_sha256
-from .stats import tau_of
+from .formats import weights_sha256
+from ..engine.stats import tau_of
 
 SHAREGPT_HUB = "anon8231489123/ShareGPT_Vicuna_unfiltered"
 

@@ -123,6 +123,12 @@ class Eagle3Config(EagleConfig):
         return out
 
 
+def official_feature_ids(num_layers: int) -> tuple[int, ...]:
+    """The `hidden_states` entries official EAGLE-3 reads from a target of `num_layers` layers: 2, L // 2, L - 3
+    (the inputs of those decoder layers), in layer order."""
+    return tuple(sorted([2, num_layers // 2, num_layers - 3]))
+
+
 def is_eagle3_config(raw: dict[str, Any]) -> bool:
     """Whether a raw `config.json` dict describes an EAGLE-3 head."""
     return EAGLE3_ARCHITECTURE in (raw.get("architectures") or []) or raw.get("model_type") == "eagle3"

@@ -83,11 +83,9 @@ def save_head(head, save_directory: str | os.PathLike, layout: str, *, target=No
               speculative_tokens: int = 3) -> None:  # fmt: skip
     """Writes `head` in `layout` (see the module doc). target: the model the head drafts for (names the verifier
     and fixes the feature layers in the speculators config; defaults to the bound target's embeddings only)."""
-    from .modeling_eagle3 import Eagle3DraftModel
-
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    eagle3 = isinstance(head, Eagle3DraftModel)
+    eagle3 = head.config.model_type == "eagle3"  # Eagle3Config's
     if layout == "speculators" and not eagle3:
         raise ValueError("the speculators layout is written for EAGLE-3 heads only (vLLM serves EAGLE-1/2 heads "
                          "from the official layout): use layout='official'")  # fmt: skip

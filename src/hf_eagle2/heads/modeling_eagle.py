@@ -37,8 +37,8 @@ from transformers.models.llama.modeling_llama import (
 from transformers.utils import logging
 
 from .configuration_eagle import EagleConfig
-from .cpu_kernels import NEVER, PackedWeight, is_optimized, min_rows_of, optimize_for_cpu, packed_linear
-from .head_formats import (
+from ..kernels.cpu import NEVER, PackedWeight, is_optimized, min_rows_of, optimize_for_cpu, packed_linear
+from .formats import (
     WEIGHT_FILES,
     is_speculators_config,
     official_config_from_speculators,
@@ -47,8 +47,8 @@ from .head_formats import (
     save_head,
     weights_sha256,
 )
-from .reserved_cache import KVBuffer
-from .unrolled_attention import UnrolledMask, unrolled_attention
+from ..kernels.reserved_cache import KVBuffer
+from ..kernels.unrolled_attention import UnrolledMask, unrolled_attention
 
 logger = logging.get_logger(__name__)
 
@@ -516,15 +516,17 @@ def _config_class(raw: dict) -> type[EagleConfig]:
 
 
 def _model_class(requested: type, config: EagleConfig) -> type:
-    """`EagleDraftModel.from_pretrained` loads EAGLE-3 heads as `Eagle3DraftModel`; a mismatch the other way fails."""
+    """`EagleDraftModel.from_pretrained` loads EAGLE-3 heads as `Eagle3DraftModel`; a mismatch the other way fails.
+    The EAGLE-3 class is the subclass whose `config_class` is `Eagle3Config` (the package imports
+    `modeling_eagle3`), so this module does not import the module that builds on it."""
     from .configuration_eagle import Eagle3Config
-    from .modeling_eagle3 import Eagle3DraftModel
 
     if isinstance(config, Eagle3Config):
-        if not issubclass(Eagle3DraftModel, requested):
+        eagle3 = next(c for c in EagleDraftModel.__subclasses__() if c.config_class is Eagle3Config)
+        if not issubclass(eagle3, requested):
             raise ValueError(f"this folder holds an EAGLE-3 head; {requested.__name__} cannot load it")
-        return Eagle3DraftModel
-    if issubclass(requested, Eagle3DraftModel):
+        return eagle3
+    if issubclass(requested.config_class, Eagle3Config):
         raise ValueError(
             "this folder holds an EAGLE-1/2 head (its config.json does not name LlamaForCausalLMEagle3): "
             "load it with EagleDraftModel.from_pretrained"

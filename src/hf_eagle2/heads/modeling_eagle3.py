@@ -46,17 +46,11 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from .configuration_eagle import Eagle3Config
-from .cpu_kernels import is_optimized
-from .head_formats import save_head
+from .configuration_eagle import Eagle3Config, official_feature_ids
+from ..kernels.cpu import is_optimized
+from .formats import save_head
 from .modeling_eagle import EagleAttention, EagleDraftModel, KVCache, _merged_vocab, _TargetBinding
-from .reserved_cache import KVBuffer
-
-
-def official_feature_ids(num_layers: int) -> tuple[int, ...]:
-    """The `hidden_states` entries official EAGLE-3 reads from a target of `num_layers` layers: 2, L // 2, L - 3
-    (the inputs of those decoder layers), in layer order."""
-    return tuple(sorted([2, num_layers // 2, num_layers - 3]))
+from ..kernels.reserved_cache import KVBuffer
 
 
 class Eagle3Attention(EagleAttention):

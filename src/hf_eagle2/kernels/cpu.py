@@ -166,14 +166,18 @@ def min_rows_of(model: nn.Module) -> dict:
     return {}
 
 
+
+def cache_root() -> str:
+    """Where the package caches what it measured or converted: `$HF_EAGLE2_CACHE`, default `~/.cache/hf_eagle2`."""
+    return os.environ.get("HF_EAGLE2_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "hf_eagle2"))
+
+
 ROWS_PROBED = (1, 2, 4, 8, 16, 32)
 
 
 def kernel_crossover(dtype: torch.dtype, shapes: list[tuple[int, int]], refresh: bool = False) -> int:
     """The smallest M of ROWS_PROBED from which oneDNN-packed beats F.linear at every larger probed M, on
     `shapes` (N, K) in `dtype`; NEVER if it never does. Cached per CPU, torch version, threads, dtype, shapes."""
-    from .assets import cache_root
-
     cpu_name = _cpu_name()
     key = f"{cpu_name}|{torch.__version__}|{torch.get_num_threads()}|{dtype}|{shapes}"
     path = os.path.join(cache_root(), "kernels", f"{abs(hash_str(key)):016x}.json")

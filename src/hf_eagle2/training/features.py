@@ -38,9 +38,9 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from ..modeling_eagle3 import official_feature_ids
-from ..reserved_cache import DEFAULT_RESERVE, ReservedLayer, concat_rows, reserved_cache
-from ..target import causal_lm_forward, hidden_states_request, select_features
+from ..heads.configuration_eagle import official_feature_ids
+from ..kernels.reserved_cache import DEFAULT_RESERVE, ReservedLayer, concat_rows, reserved_cache
+from ..engine.target import causal_lm_forward, hidden_states_request, select_features
 from .data import Conversation, iter_sharegpt, render_with_loss_mask
 
 

@@ -37,10 +37,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..cpu_kernels import warn_if_bf16_emulated
-from ..modeling_eagle import EagleDraftModel
-from ..modeling_eagle3 import Eagle3DraftModel
-from ..unrolled_attention import UnrolledMask
+from ..kernels.cpu import warn_if_bf16_emulated
+from ..heads.modeling_eagle import EagleDraftModel
+from ..heads.modeling_eagle3 import Eagle3DraftModel
+from ..kernels.unrolled_attention import UnrolledMask
 from .features import (aux_layer_ids, context_start, open_shard, pack_by_length, setting_changes, shard_paths,
                        shard_spans, stored_prompt_context)
 
