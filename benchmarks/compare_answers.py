@@ -4,7 +4,7 @@ against the same shard answered on this CPU.
     hf-eagle2 export-prompts --out p36.npz --shards 36 --turns all --dtype bfloat16 --eagle3 --batch-size 64 \\
         --min-prompt-tokens 384 --max-prompt-tokens 1024
     hf-eagle2 answer --tokens p36.npz --out cpu36.npz --rows-per-call 64
-    python examples/compare_answers.py --a cpu36.npz --b training_data/smollm2-distill-p1024-bf16.npz --fp32-ties
+    python benchmarks/compare_answers.py --a cpu36.npz --b training_data/smollm2-distill-p1024-bf16.npz --fp32-ties
 
 Rows are matched by sequence id over the work-list shards both archives hold. Prints how many answers are the
 same token for token, and with `--fp32-ties`, where they first differ, which of the two tokens an fp32 forward
@@ -13,7 +13,7 @@ that another kernel's rounding breaks the other way, and there fp32 sides with e
 
 Measured (2026-12-04), shard 36 of the (384, 1,024] band: answered on a 2-core Zen 4 EPYC (the commands above,
 bf16, 188.6 s) as `a` and on an H200 (`answer --rows-per-call 1024`, bf16, the archive's shard) as `b`: 19 of 64
-answers the same token for token (as between extract's two CPU code paths, `examples/extraction_cost.py`); the
+answers the same token for token (as between extract's two CPU code paths, `benchmarks/extraction_cost.py`); the
 other 45 part at answer token 0-143 (median 33), at a near tie (fp32's top two logits a median 0.060, at most 0.238
 apart), where fp32 picks the CPU's token 28 times and the GPU's 17.
 """

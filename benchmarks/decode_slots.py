@@ -5,7 +5,7 @@ steps per `generate` call (`generate_with_features`' `chunk_steps`; 0: one call 
 slots that feed a kept token. A row answering n tokens needs n + 1 steps (its EOS fed back), capped at
 max_new_tokens + 1; rows leave the batch only between calls.
 
-    python examples/decode_slots.py --data runs/data/distill-all-bf16 --shards 60-99 --chunk-steps 0,16,32,48,64
+    python benchmarks/decode_slots.py --data runs/data/distill-all-bf16 --shards 60-99 --chunk-steps 0,16,32,48,64
 """
 
 import argparse

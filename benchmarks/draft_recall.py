@@ -4,7 +4,7 @@ with --freeze-lm-head), over the full vocabulary; the share of target tokens out
 training log's accuracy at each training-time-test pass (depth s reads the head's own outputs at depths 1..s-1),
 past the passes it was trained on.
 
-    python examples/draft_recall.py --head model_cards/smollm2-135m-instruct-eagle2 \
+    python benchmarks/draft_recall.py --head model_cards/smollm2-135m-instruct-eagle2 \
         --val runs/data/distill-val-fp32feat --passes 1
 
 `--max-prompt-context N` reads each held-out row from N positions before its first answer token, as

@@ -7,7 +7,7 @@ padded forward over prompt + answer (`forward_features`, what head-drafted extra
 and tokens/s, how many answers are the same tokens as the first way's, and for those how far apart the features
 are (relative to each row's largest feature).
 
-    python examples/extraction_cost.py --dtype bfloat16 --batch-size 64 --max-new-tokens 384 --chunk-steps 0,32
+    python benchmarks/extraction_cost.py --dtype bfloat16 --batch-size 64 --max-new-tokens 384 --chunk-steps 0,32
 
 `--min-prompt-tokens 384 --max-prompt-tokens 1024` times a batch of the long-prompt band instead.
 

@@ -4,7 +4,7 @@ Runs the target in fp32 and in bf16 over the same held-out ShareGPT conversation
 a head trains on (final hidden states and the three EAGLE-3 layers, both stored as fp16): their relative error,
 the share of positions where the lm_head's argmax agrees, and each dtype's forward throughput.
 
-    python examples/feature_precision.py --conversations 8 --threads 2
+    python benchmarks/feature_precision.py --conversations 8 --threads 2
 """
 
 import argparse

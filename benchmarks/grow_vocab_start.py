@@ -1,7 +1,7 @@
 """Where a grown draft vocabulary's new lm_head rows should start: held-out metrics of an EAGLE-3 head before
 growing, grown with zero rows (what `train --grow-vocab` does) and grown with the target's rows.
 
-    python examples/grow_vocab_start.py --head model_cards/smollm2-135m-instruct-eagle3 \
+    python benchmarks/grow_vocab_start.py --head model_cards/smollm2-135m-instruct-eagle3 \
         --data runs/data/distill-all-fp32feat --val runs/data/distill-val-fp32feat --size 12288
 
 Measured on the stage-4 head (8,192 tokens), which that folder held until stage 5 (commit 8b4cfff has it).

@@ -4,7 +4,7 @@ with `extract --turns all --min-prompt-tokens A --max-prompt-tokens B` would ans
 A turn's prompt is the chat-template ids of the conversation up to it (`turn_prompts`), as extraction renders it;
 the counts over the first `--conversations` conversations are scaled to the split's size (train: 98% of 17,671).
 
-    python examples/prompt_lengths.py --conversations 1500 --bands 384,1024,2048,4096
+    python benchmarks/prompt_lengths.py --conversations 1500 --bands 384,1024,2048,4096
 """
 
 import argparse

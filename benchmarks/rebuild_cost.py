@@ -5,13 +5,13 @@ Runs the target (bf16, as the archive's answers were written) over shards of the
 did before the budget), the others length-sorted groups of at most that many padded tokens. Prints each one's
 tokens/s and how far its features are from the budget-0 ones (relative to each row's largest feature).
 
-    python examples/rebuild_cost.py --shards 60,100 --budgets 0,2048,4096,16384 --threads 2
+    python benchmarks/rebuild_cost.py --shards 60,100 --budgets 0,2048,4096,16384 --threads 2
 
 `--left-padded` instead times `forward_features` (right-padded groups, no attention mask: sdpa's causal kernel)
 against the same groups left-padded under an explicit padding mask (what it ran before), alternating shard by
 shard, and prints how far apart their features are:
 
-    python examples/rebuild_cost.py --tokens training_data/smollm2-distill-p1024-bf16.npz --shards 200,201 --left-padded
+    python benchmarks/rebuild_cost.py --tokens training_data/smollm2-distill-p1024-bf16.npz --shards 200,201 --left-padded
 """
 
 import argparse

@@ -5,7 +5,7 @@ One process, one head, the same batches: each batch is trained once each way, in
 machine's drift falls on both. Prints tokens/s each way and their ratio. The head is the shipped EAGLE-3 head;
 `--data` is a feature folder of EAGLE-3 features (a few shards are enough; the rows are cut as training cuts them).
 
-    python examples/unrolled_attention_cost.py --data runs/data/distill-p1024-bf16 --batches 12
+    python benchmarks/unrolled_attention_cost.py --data runs/data/distill-p1024-bf16 --batches 12
 """
 
 import argparse

@@ -4,7 +4,7 @@ Prints the coverage of a head's draft vocabulary, of that vocabulary grown as `t
 most frequent assistant tokens of some shards it lacks), and of a vocabulary chosen afresh from those shards, for
 each size; answer tokens are the loss-mask positions of the token archives in training_data/.
 
-    python examples/vocab_coverage.py --head model_cards/smollm2-135m-instruct-eagle3 \
+    python benchmarks/vocab_coverage.py --head model_cards/smollm2-135m-instruct-eagle3 \
         --tokens training_data/smollm2-distill-all-bf16.npz --shards 117-173 \
         --val training_data/smollm2-distill-val-bf16.npz --sizes 8192,10240,12288,16384
 

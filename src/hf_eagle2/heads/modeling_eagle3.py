@@ -156,7 +156,7 @@ class Eagle3DraftModel(EagleDraftModel):
         from there), so the grown head drafts as before until trained. Not the target's row, as a new head's whole
         lm_head starts: beside trained rows those win argmaxes they should not (SmolLM2's EAGLE-3 head grown from
         8,192 to 12,288 tokens: held-out first-token accuracy 0.51 with target rows, 0.72 with zero rows, 0.73
-        before growing; examples/grow_vocab_start.py). d2t and t2d follow, in target-id order."""
+        before growing; benchmarks/grow_vocab_start.py). d2t and t2d follow, in target-id order."""
         if self.full_vocab:
             raise ValueError("this head drafts over the full vocabulary: there is nothing to grow")
         current = self.to_target_ids(torch.arange(self.d2t.numel(), device=self.d2t.device))

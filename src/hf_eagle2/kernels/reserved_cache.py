@@ -3,7 +3,7 @@
 `DynamicLayer.update` grows keys and values by `torch.cat`, which copies every cached entry on every forward.
 For one row of a few hundred tokens that is noise; for a batch of long rows it is a large part of the step: a
 64-row extraction batch of ~1,000-token prompts holds up to ~2 GB of SmolLM2 keys and values (23 kB per token in
-bf16), copied on every decode step (`examples/extraction_cost.py --reserve none,256` times a whole batch both
+bf16), copied on every decode step (`benchmarks/extraction_cost.py --reserve none,256` times a whole batch both
 ways). A `KVBuffer` holds them in buffers (B, heads, capacity, D) and hands attention views (B, heads, length, D)
 of the filled part; a full buffer grows by `reserve` slots, so the copy happens once per `reserve` tokens instead
 of once per step. The EAGLE head caches its context in one; `ReservedLayer` is the transformers cache layer

@@ -16,7 +16,7 @@ key reads, and the sink's value is a unit channel, which returns the share of th
 Query rows with no band key yet (i < s - 2) attend the per-query keys alone. The result is the masked softmax's,
 gradients included (the same to float64 rounding, `tests/test_unrolled_attention.py`). EAGLE-3 training steps
 (3 passes, the band's rows, bf16 autocast, 2 cores) ran 1.16-1.20x faster with it than under the dense mask, the
-same batches alternating in one process (`python examples/unrolled_attention_cost.py`).
+same batches alternating in one process (`python benchmarks/unrolled_attention_cost.py`).
 """
 
 from __future__ import annotations

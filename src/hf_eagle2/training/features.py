@@ -140,8 +140,8 @@ def _seeded(sampling: Sampling | None, device: torch.device):
 
 # decode steps per `generate` call of a self-distilled extraction: between calls, the rows whose answer ended leave
 # the batch and its cache. One call for the whole answer computes every row until the longest answer ends: 28% of
-# a 64-row batch's decode slots on the archive's shards 60-99 (`examples/decode_slots.py`). On 2 cores (SmolLM2
-# bf16, 64 all-turn prompts, `examples/extraction_cost.py`) 32 steps ran 1.25-1.28x faster than one call (16:
+# a 64-row batch's decode slots on the archive's shards 60-99 (`benchmarks/decode_slots.py`). On 2 cores (SmolLM2
+# bf16, 64 all-turn prompts, `benchmarks/extraction_cost.py`) 32 steps ran 1.25-1.28x faster than one call (16:
 # slower, more calls; 48, 64: no better)
 GENERATE_CHUNK_STEPS = 32
 
@@ -247,7 +247,7 @@ def _prefill_in_groups(model, ids: torch.Tensor, attn: torch.Tensor, feature_ids
     reserved cache (all B rows, W entries) and features (B, W, F).
 
     One forward over a whole 64-row batch of long prompts is slower than its parts (its (B, heads, W, W) masks,
-    as in `forward_features`): in `examples/extraction_cost.py --reserve` the band batch took 270.4 s with the
+    as in `forward_features`): in `benchmarks/extraction_cost.py --reserve` the band batch took 270.4 s with the
     reserved cache and generate's own prefill, 254.5 s and 241.2 s (two runs) with this one. A row's keys, values
     and features do not depend on the rows beside it (explicit positions, padding mask) up to kernel rounding; its
     last prompt token runs in generate's first step, so answers differ from generate's own prefill by bf16
@@ -310,7 +310,7 @@ def _split_features(rows: list[torch.Tensor], num_aux: int):
 
 # padded tokens per forward of `forward_features`: one forward over a whole shard (64 rows) spends ~30% on padding
 # and slows on its (B, heads, T, T) masks; on 2 cores (SmolLM2 bf16, two shards of the token archive,
-# `examples/rebuild_cost.py`) length-sorted groups of 4096 padded tokens ran 731 tokens/s against 431 for one
+# `benchmarks/rebuild_cost.py`) length-sorted groups of 4096 padded tokens ran 731 tokens/s against 431 for one
 # forward per shard (2048: 735, 16384: 536)
 FORWARD_BATCH_TOKENS = 4096
 
@@ -347,7 +347,7 @@ def _padded_forward(model, rows: list[list[int]], pad_id: int, aux_layers: tuple
     from the padding after it, so sdpa runs its causal kernel (`is_causal`, half the attention of an explicit
     mask, which left padding needs). On 2 cores (SmolLM2 bf16, the band archive's shards 200-201) it ran 1.13x
     faster than left-padded under a mask, its features as far from those as another grouping's rounding makes them
-    (`examples/rebuild_cost.py --left-padded`)."""
+    (`benchmarks/rebuild_cost.py --left-padded`)."""
     device = model.get_output_embeddings().weight.device
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)

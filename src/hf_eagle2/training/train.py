@@ -111,7 +111,7 @@ class TrainConfig:
     # frequent assistant tokens of this run's data it lacks (trained rows kept; an EAGLE-3 head's new lm_head rows
     # start at zero: see Eagle3DraftModel.grow_draft_vocab). A vocabulary chosen on a first stage's data misses
     # tokens a larger corpus needs: the SmolLM2 EAGLE-3 head's 8,192 (from 0.5M tokens) hold 92.6% of held-out
-    # answer tokens, grown to 12,288 95.8% (examples/vocab_coverage.py)
+    # answer tokens, grown to 12,288 95.8% (benchmarks/vocab_coverage.py)
     lm_head_init: str | None = None  # a new EAGLE-3 head's own lm_head: "target" (default) starts it as the
     # target's lm_head rows of the draft vocabulary, "random" as a fresh Linear (see Trainer)
     freeze_lm_head: bool = False  # EAGLE-3: the lm_head is the target's rows of the draft vocabulary and stays
@@ -149,7 +149,7 @@ class FeatureSet:
         max_prompt_context: start each sequence at most this many positions before its first assistant token.
         The target's features there already carry the prompt, so a long prompt costs the head's training a
         forward per position for context it may not need (what a head loses without it:
-        `examples/draft_recall.py --max-prompt-context`)."""
+        `benchmarks/draft_recall.py --max-prompt-context`)."""
         if max_prompt_context is not None and max_prompt_context < 1:
             raise ValueError(f"max_prompt_context must be >= 1 (None keeps whole prompts), got {max_prompt_context}")
         for folder in folders:
