@@ -390,6 +390,38 @@ def write_outputs(results: dict, out: str) -> None:
     plot(results, stem + ".png")
 
 
+# the accelerator setting of the round the op profile always reports (issue 46's yardstick): the paper's tree,
+# no n-gram branch (it reads the host per row), and no per-round budget
+ACCELERATOR_ROUND = dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10, tree_ngram=0)
+
+
+def profile_ops(model, draft, ids, methods, tree_params: dict, kernels: str = "fast") -> dict:
+    """Aten ops and host reads per unit of work outside the target's forward (`opcount`): per round for tree
+    methods (each as the bench runs it, plus `eagle2_accelerator`: ACCELERATOR_ROUND), per token for plain.
+    Returns {name: OpCounts.as_dict()}, measured on `ids` (greedy)."""
+    from ..kernels.cpu import optimize_for_cpu
+    from .opcount import count_round_ops
+
+    optimize_for_cpu(model, enable=kernels == "fast", release=False)
+    out = {"plain": count_round_ops(model, ids, short=8, long=24).as_dict()}
+    rows = {m: method_kwargs(m, draft, tree_params) for m in methods if m in TREE_METHODS}
+    rows["eagle2_accelerator"] = {"assistant_model": draft, **ACCELERATOR_ROUND}
+    for name, kwargs in rows.items():
+        out[name] = count_round_ops(model, ids, short=16, long=64, **kwargs).as_dict()
+    return out
+
+
+def profile_markdown(profile: dict) -> str:
+    lines = ["| method | unit | aten ops | kernel launches (views excluded) | in the head's forward | host reads |",
+             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for name, c in profile.items():
+        unit = "token" if name == "plain" else "round"
+        lines.append(f"| {name} | {unit} | {c['ops']:.0f} | {c['launches']:.0f} | {c['head_ops']:.0f} | "
+                     f"{c['host_reads']:.2f} |")  # fmt: skip
+    return "\n".join(lines) + ("\n\nPer unit of work outside the target's forward, greedy; `eagle2_accelerator`: "
+                               "m=60, depth 6, k=10, no n-gram branch.\n")
+
+
 def cost_curve(model, draft, top_k: int = 4, points=(1, 2, 4, 8, 16, 32, 64)) -> dict:
     """Verify cost per q on stock and fast kernels (same prefix, measured now, not cached) and the per-dtype
     row count from which `optimize_for_cpu` uses oneDNN: {'stock': {q: ms}, 'fast': {q: ms}, 'min_rows': ...}."""
