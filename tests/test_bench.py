@@ -96,3 +96,17 @@ def test_limit_per_dataset():
         parse_limit("mtbench=1,mtbench=2")
     caps = parse_limit("mtbench=3,humaneval=2", ["mtbench", "humaneval"])
     assert [len(load_prompts(ds, caps)) for ds in ("mtbench", "humaneval", "builtin")] == [3, 2, len(BUILTIN_PROMPTS)]
+
+def test_bench_profile_reports_ops_and_host_reads_per_round(tmp_path, capsys):
+    out = tmp_path / "results.json"
+    argv = ["bench", "--dataset", "builtin", "--limit", "1", "--max-new-tokens", "8", "--draft", SHIPPED_HEAD,
+            "--methods", "plain,eagle2_fixed", "--profile", "--out", str(out), "--threads",
+            os.environ.get("HF_EAGLE2_TEST_THREADS", "2")]  # fmt: skip
+    assert cli.main(argv) == 0
+    profile = json.loads(out.read_text())["profile"]
+    assert set(profile) == {"plain", "eagle2_fixed", "eagle2_accelerator"}
+    for name, counts in profile.items():
+        assert counts["launches"] > 0 and counts["host_reads"] >= 0, name
+    assert profile["plain"]["head_ops"] == 0 and profile["eagle2_accelerator"]["head_ops"] > 0
+    assert profile["eagle2_accelerator"]["host_reads"] <= 1.0
+    assert "ops per round" in capsys.readouterr().out

@@ -1,5 +1,23 @@
-"""`hf-eagle2` command line: extract, export-tokens, rebuild-features, cut-features, train, eval-head, bench, card,
-push, demo."""
+"""`hf-eagle2`: train, evaluate, benchmark and publish EAGLE draft heads.
+
+  train-head   one head end to end over a named recipe (extract, train, eval-head, card), resumable
+  data STEP    the data pipeline's single steps, each resumable:
+                 extract           target features of ShareGPT conversations or of the target's own answers
+                 export-prompts    extract's work list as prompts, for `answer` on another machine
+                 answer            answers to exported prompts (e.g. on a GPU), as a token archive
+                 join-tokens       token archives of consecutive shards, as one
+                 export-tokens     a feature folder's tokens as one small archive
+                 rebuild-features  a feature folder again from a token archive (the target's forward only)
+                 cut-features      a feature folder's stored prompts cut in place
+                 train             a head on feature folders
+  eval-head    τ and calibration of a head
+  bench        speculative decoders side by side
+  card         a head folder's model card
+  push         a head folder and/or the custom_generate recipe to the Hub
+  demo         EAGLE-2 against plain generate on one prompt
+
+The data steps' old spellings (`hf-eagle2 train ...`, `hf-eagle2 extract ...`) still work: model cards record them.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +27,106 @@ import os
 import shlex
 import sys
 
+from .training.recipes import LOG_NAME, RECIPES
 
 DEFAULT_HEAD = os.path.join("model_cards", "smollm2-135m-instruct-eagle2")
 DEFAULT_CUSTOM_GENERATE = "custom_generate"
+
+
+DATA_STEPS = ("extract", "export-prompts", "answer", "join-tokens", "export-tokens", "rebuild-features",
+              "cut-features", "train")  # fmt: skip
+
+# every verb's --help ends with these (each line a command the parser accepts: tests/test_cli.py parses them)
+EXAMPLES = {
+    "": "examples:\n"
+        "  hf-eagle2 train-head --list-recipes\n"
+        "  hf-eagle2 train-head --target smollm2 --recipe eagle3-sharegpt --out runs/heads/eagle3 --threads 2\n"
+        "  hf-eagle2 data extract --out runs/data/sharegpt --responses sharegpt --max-tokens 500000\n"
+        "  hf-eagle2 eval-head --draft model_cards/smollm2-135m-instruct-eagle3 --dataset mtbench --limit 10",
+    "train-head": "examples:\n"
+        "  hf-eagle2 train-head --list-recipes\n"
+        "  hf-eagle2 train-head --target smollm2 --recipe eagle3-sharegpt --out runs/heads/eagle3 --threads 2\n"
+        "  hf-eagle2 train-head --target smollm2 --recipe eagle2-sharegpt --out runs/heads/eagle2 --dtype float32 "
+        "--max-tokens 1000000 --epochs 2",
+    "data": "examples:\n"
+        "  hf-eagle2 data extract --out runs/data/distill-val-bf16 --split validation --responses target --turns all "
+        "--dtype bfloat16 --eagle3 --batch-size 64 --max-tokens 30000\n"
+        "  hf-eagle2 data train --head eagle3 --data runs/data/distill-all-bf16 --val-data runs/data/distill-val-bf16 "
+        "--out runs/train/e3",
+    "extract": "example (self-distilled answers with the EAGLE-3 layers, as the shipped EAGLE-3 head's data):\n"
+        "  hf-eagle2 data extract --out runs/data/distill-all-bf16 --responses target --turns all --dtype bfloat16 "
+        "--eagle3 --batch-size 64 --max-tokens 500000",
+    "export-prompts": "example (the work list's shards 36 on, to answer on a GPU):\n"
+        "  hf-eagle2 data export-prompts --out prompts-p1024.npz --shards 36- --turns all --dtype bfloat16 --eagle3 "
+        "--batch-size 64 --min-prompt-tokens 384 --max-prompt-tokens 1024",
+    "answer": "example (on the GPU; run again to resume):\n"
+        "  hf-eagle2 data answer --model SmolLM2-135M-Instruct.Q4_1.gguf --tokens prompts-p1024.npz "
+        "--out answers-p1024.npz --rows-per-call 1024 --rows-per-write 1024 --time-limit 440",
+    "join-tokens": "example:\n"
+        "  hf-eagle2 data join-tokens --tokens shards-0-35.npz answers-p1024.npz --out smollm2-distill-p1024-bf16.npz",
+    "export-tokens": "example:\n"
+        "  hf-eagle2 data export-tokens --data runs/data/distill-all-bf16 --out smollm2-distill-all-bf16.npz",
+    "rebuild-features": "example:\n"
+        "  hf-eagle2 data rebuild-features --tokens training_data/smollm2-distill-val-bf16.npz "
+        "--out runs/data/distill-val-bf16 --dtype bfloat16",
+    "cut-features": "example:\n"
+        "  hf-eagle2 data cut-features --folder runs/data/distill-p1024-bf16 --max-prompt-context 384 "
+        "--tokens training_data/smollm2-distill-p1024-bf16.npz",
+    "train": "example (the shipped EAGLE-3 head's first stage):\n"
+        "  hf-eagle2 data train --head eagle3 --data runs/data/distill-all-bf16 --val-data runs/data/distill-val-bf16 "
+        "--draft-vocab-size 8192 --epochs 3 --lr 1e-3 --warmup-steps 50 --batch-tokens 4096 --autocast bfloat16 "
+        "--out runs/train/e3 --head-out runs/stage/eagle3 --head-dtype float16",
+    "eval-head": "example:\n"
+        "  hf-eagle2 eval-head --draft model_cards/smollm2-135m-instruct-eagle3 --dataset mtbench --limit 80 "
+        "--kernels fast --out runs/eval/e3-mtbench.json",
+    "bench": "example:\n"
+        "  hf-eagle2 bench --draft model_cards/smollm2-135m-instruct-eagle3 --methods plain,eagle2 "
+        "--dataset mtbench,humaneval --limit mtbench=5,humaneval=10 --first-turn-only --out runs/bench/e3.json",
+    "card": "example:\n"
+        "  hf-eagle2 card --head runs/stage/eagle3 --eval runs/eval/e3-mtbench.json --bench runs/bench/e3.json "
+        "--set 'hardware=2 CPU cores'",
+    "push": "example:\n"
+        "  hf-eagle2 push --head model_cards/smollm2-135m-instruct-eagle3 --repo-id user/smollm2-135m-instruct-eagle3",
+    "demo": "example:\n"
+        "  hf-eagle2 demo --draft model_cards/smollm2-135m-instruct-eagle3 --prompt 'Write a haiku about the sea.'",
+}
+
+
+class _Raw(str):
+    """Help text printed as written (the command tree, the examples), not re-wrapped."""
+
+
+class _Formatter(argparse.HelpFormatter):
+    def _fill_text(self, text, width, indent):
+        if isinstance(text, _Raw):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def _verb(sub, name: str, help: str):
+    """A verb's parser: its help line also as its description, and its example as the epilog."""
+    return sub.add_parser(name, help=help, description=help, epilog=_Raw(EXAMPLES[name]), formatter_class=_Formatter)
+
+
+class _Parser(argparse.ArgumentParser):
+    """The top parser: reads the data steps' old flat spellings (`hf-eagle2 train ...`) as `hf-eagle2 data train
+    ...` (a note on stderr), and records the command line it parsed as `args.command_line` (what the verbs write
+    into training.json, eval and bench results, cards)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        if args and args[0] in DATA_STEPS:
+            print(f"hf-eagle2: `hf-eagle2 {args[0]}` is now `hf-eagle2 data {args[0]}` (the old spelling still "
+                  "works)", file=sys.stderr)  # fmt: skip
+            args = ["data", *args]
+        parsed, rest = super().parse_known_args(args, namespace)
+        parsed.command_line = "hf-eagle2 " + shlex.join(args)
+        return parsed, rest
+
+
+def _command(args) -> str | None:
+    """The command line that made `args` (None for a namespace made elsewhere)."""
+    return getattr(args, "command_line", None)
 
 
 def load_draft(spec: str | None, model):
@@ -160,9 +275,47 @@ def cmd_train(args) -> None:
 
     trainer.head.config.target_model = HUB_NAMES.get(args.model, trainer.head.config.target_model)
     trainer.save_head(head_dir, dtype=resolve_dtype(args.head_dtype) if args.head_dtype else None,
-                      extra={"command": "hf-eagle2 train " + shlex.join(sys.argv[2:])})  # fmt: skip
+                      extra={"command": _command(args)})  # fmt: skip
     print(json.dumps(trainer.history[-1], indent=2))
     print(f"head saved to {head_dir}")
+
+
+def cmd_train_head(args) -> None:
+    """The recipe's steps, each run through this parser and its verb's function (the very `data extract`, `data
+    train`, `eval-head` and `card` a user could type), skipping the finished ones; recorded in OUT/train-head.json."""
+    from .evaluation.assets import HUB_NAMES
+    from .training import recipes
+
+    if args.list_recipes:
+        print("\n\n".join(recipes.describe(recipe) for recipe in recipes.RECIPES.values()))
+        return
+    if not args.recipe or not args.out:
+        raise SystemExit("hf-eagle2 train-head: give --recipe and --out (or --list-recipes)")
+    recipe = recipes.with_overrides(recipes.get_recipe(args.recipe), max_tokens=args.max_tokens,
+                                    max_conversations=args.max_conversations, epochs=args.epochs, dtype=args.dtype)
+    hub_name = HUB_NAMES.get(args.target) or (args.target if args.target.count("/") == 1 and not
+                                              os.path.exists(args.target) else None)  # fmt: skip
+    steps = recipes.plan(recipe, args.target, args.out, threads=args.threads, evaluate=args.eval,
+                         card_set={"base_model": hub_name} if hub_name else None)  # fmt: skip
+    try:
+        log = recipes.RunLog.open(recipes.folders(args.out)["log"], recipe, args.target)
+    except ValueError as e:  # another recipe's or target's run in --out
+        raise SystemExit(f"hf-eagle2 train-head: {e}") from None
+    run = log.start(_command(args) or "hf-eagle2 train-head", recipe)
+    parser = build_parser()
+
+    def execute(argv: list[str]) -> None:
+        step_args = parser.parse_args(argv)
+        step_args.func(step_args)
+
+    ran = recipes.run_steps(steps, log, run, execute, dry_run=args.dry_run,
+                            echo=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+    if args.dry_run:
+        print(f"train-head: would run {', '.join(ran) or 'nothing (all done)'}")
+        return
+    print(f"train-head: {recipe.name} for {args.target}: ran {', '.join(ran) or 'nothing (all done)'}; "
+          f"{run['seconds'] / 3600:.3g} h this time, {log.data['compute_seconds'] / 3600:.3g} h over all runs "
+          f"({log.path}); head: {recipes.folders(args.out)['head']}")  # fmt: skip
 
 
 def cmd_eval_head(args) -> None:
@@ -183,7 +336,7 @@ def cmd_eval_head(args) -> None:
     result["draft"] = args.draft
     result["draft_sha256"] = draft.weights_sha256
     result["full_vocab"] = args.full_vocab  # the same weights over another vocabulary: a setting card compares
-    result["command"] = "hf-eagle2 " + shlex.join(sys.argv[1:]) if sys.argv[0].endswith("hf-eagle2") else None
+    result["command"] = _command(args)
     for ds, r in result["datasets"].items():
         print(f"{ds}: tau={r['tau']:.3f} new_tokens={r['new_tokens']} target_forwards={r['target_forwards']}")
     if "calibration" in result:
@@ -224,9 +377,16 @@ def cmd_bench(args) -> None:
         max_new_tokens=args.max_new_tokens, tree_params=params, threads=args.threads, second_turn=not args.first_turn_only,
         kernels=args.kernels,
     )  # fmt: skip
+    if args.profile:  # ops and host reads per round, on the first prompt (counted after the timed runs)
+        from .evaluation.bench import profile_ops
+        from .evaluation.evaluate import chat_input_ids, load_prompts
+
+        first = load_prompts(args.dataset.split(",")[0], limit)[0]
+        ids = chat_input_ids(tokenizer, list(first.messages))
+        results["profile"] = profile_ops(model, draft, ids, results["meta"]["methods"], params, args.kernels)
     results["meta"].update(model=args.model, draft=source if source == args.draft else "random",
                            draft_sha256=getattr(draft, "weights_sha256", None),
-                           dtype=args.dtype, command="hf-eagle2 bench " + shlex.join(sys.argv[2:]))  # fmt: skip
+                           dtype=args.dtype, command=_command(args))  # fmt: skip
     write_outputs(results, args.out)
     if args.readme:
         update_readme(args.readme, readme_section(results))
@@ -241,7 +401,7 @@ def cmd_card(args) -> None:
     from .heads.card import assemble_results, write_card
 
     extra = {key: _json_or_text(value) for key, value in (item.split("=", 1) for item in args.set or [])}
-    extra["commands"] = {"card": "hf-eagle2 card " + shlex.join(sys.argv[2:])}
+    extra["commands"] = {"card": _command(args)}
     if any("=" not in item for item in args.compare or []):
         raise SystemExit("hf-eagle2 card: --compare takes NAME=FOLDER entries")
     compare = dict(item.split("=", 1) for item in args.compare or [])
@@ -250,9 +410,6 @@ def cmd_card(args) -> None:
         print(f"{args.head}/results.json described other weights: dropped {', '.join(results['dropped'])} "
               "(measure this head and pass them again)", file=sys.stderr)
     print(write_card(args.head, args.results, args.repo_id))
-
-
-
 
 
 def cmd_push(args) -> None:
@@ -312,10 +469,38 @@ def cmd_demo(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-eagle2", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="hf-eagle2", description=_Raw(__doc__), epilog=_Raw(EXAMPLES[""]),
+                     formatter_class=_Formatter)
+    sub = parser.add_subparsers(dest="command", required=True,
+                                parser_class=argparse.ArgumentParser)  # only the top parser maps old spellings
 
-    p = sub.add_parser("extract", help="store target features for training (ShareGPT or self-distilled)")
+    p = _verb(sub, "data", help="the data pipeline's single steps (extract, ..., train), each resumable: "
+                                "`hf-eagle2 data STEP --help`")  # fmt: skip
+    data = p.add_subparsers(dest="step", required=True, metavar="STEP")
+
+    p = _verb(sub, "train-head", help="train a head end to end over a named recipe: extraction, training, eval-head "
+                                      "and card, skipping the steps already done (resumable)")  # fmt: skip
+    p.add_argument("--target", default="smollm2", help="the target: alias, local folder, GGUF file or Hub id (as "
+                                                       "--model elsewhere)")  # fmt: skip
+    p.add_argument("--recipe", choices=list(RECIPES), default=None, help="the recipe (--list-recipes shows them)")
+    p.add_argument("--out", default=None, help="the run's folder: data/train, data/val, train (checkpoints), head "
+                                               f"(the head and its card), eval.json and {LOG_NAME}")  # fmt: skip
+    p.add_argument("--list-recipes", action="store_true", help="print the recipes and their settings, and exit")
+    p.add_argument("--max-tokens", type=int, default=None, help="the training folder's token budget, in place of "
+                                                                "the recipe's")  # fmt: skip
+    p.add_argument("--max-conversations", type=int, default=None,
+                   help="the training folder's conversation budget, in place of the recipe's")
+    p.add_argument("--epochs", type=float, default=None, help="training epochs, in place of the recipe's")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="the target's dtype in extraction, in place of the recipe's; training autocasts to bf16 "
+                        "exactly when it is bfloat16 (use float32 on a CPU without native bf16)")  # fmt: skip
+    p.add_argument("--eval", action=argparse.BooleanOptionalAction, default=True,
+                   help="evaluate the head (eval-head, the recipe's datasets) before the card (default: yes)")
+    p.add_argument("--dry-run", action="store_true", help="print the steps and which are done, run nothing")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_train_head)
+
+    p = _verb(data, "extract", help="store target features for training (ShareGPT or self-distilled)")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--out", required=True)
@@ -336,12 +521,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_extract)
 
-    p = sub.add_parser("export-tokens", help="a feature folder's tokens (answers, masks, shards) as one small .npz")
+    p = _verb(data, "export-tokens", help="a feature folder's tokens (answers, masks, shards) as one small .npz")
     p.add_argument("--data", required=True, help="a folder written by extract")
     p.add_argument("--out", required=True, help="the .npz to write")
     p.set_defaults(func=cmd_export_tokens)
 
-    p = sub.add_parser("export-prompts", help="the prompts of extract's work list (self-distillation), as a token "
+    p = _verb(data, "export-prompts", help="the prompts of extract's work list (self-distillation), as a token "
                                               "archive that `answer` can answer on another machine")  # fmt: skip
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="float32", help="the dtype the answers are to be written in (the folder's)")
@@ -357,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eagle3", action="store_true", help="the folder stores the EAGLE-3 layers (recorded in the meta)")
     p.set_defaults(func=cmd_export_prompts)
 
-    p = sub.add_parser("answer", help="greedy (or sampled) answers to an export-prompts archive, as a token archive "
+    p = _verb(data, "answer", help="greedy (or sampled) answers to an export-prompts archive, as a token archive "
                                       "(resumes from --out; e.g. on a GPU)")  # fmt: skip
     p.add_argument("--tokens", required=True, help="a .npz written by export-prompts")
     p.add_argument("--out", required=True, help="the .npz of answered shards to write (or continue)")
@@ -377,12 +562,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_answer)
 
-    p = sub.add_parser("join-tokens", help="token archives of consecutive shards of one work list, as one")
+    p = _verb(data, "join-tokens", help="token archives of consecutive shards of one work list, as one")
     p.add_argument("--tokens", nargs="+", required=True, help="the archives, in shard order")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_join_tokens)
 
-    p = sub.add_parser("rebuild-features", help="a feature folder again from export-tokens' .npz: the target's "
+    p = _verb(data, "rebuild-features", help="a feature folder again from export-tokens' .npz: the target's "
                                                 "forward only, no answers to write (resumes from --out)")  # fmt: skip
     p.add_argument("--tokens", required=True, help="a .npz written by export-tokens")
     p.add_argument("--out", required=True)
@@ -402,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_rebuild_features)
 
-    p = sub.add_parser("cut-features", help="cut a feature folder's stored prompts in place, as rebuild-features "
+    p = _verb(data, "cut-features", help="cut a feature folder's stored prompts in place, as rebuild-features "
                                             "--max-prompt-context would have stored them")  # fmt: skip
     p.add_argument("--folder", required=True)
     p.add_argument("--max-prompt-context", type=int, required=True)
@@ -411,7 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "the cut drops prompt tokens for good")  # fmt: skip
     p.set_defaults(func=cmd_cut_features)
 
-    p = sub.add_parser("train", help="train an EAGLE head on extracted features (resumes from --out)")
+    p = _verb(data, "train", help="train an EAGLE head on extracted features (resumes from --out)")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--data", nargs="+", required=True)
     p.add_argument("--val-data", nargs="*", default=[])
@@ -459,7 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval-head", help="τ and calibration of a head under EAGLE-2 generation")
+    p = _verb(sub, "eval-head", help="τ and calibration of a head under EAGLE-2 generation")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--draft", required=True)
@@ -480,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_eval_head)
 
-    p = sub.add_parser("bench", help="benchmark speculative decoders side by side (interleaved, identity-checked)")
+    p = _verb(sub, "bench", help="benchmark speculative decoders side by side (interleaved, identity-checked)")
     p.add_argument("--model", default="smollm2", help="local path, GGUF file, package:file.gguf or Hub id")
     p.add_argument("--draft", default=DEFAULT_HEAD)
     p.add_argument("--dtype", default="float32")
@@ -497,12 +682,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kernels of every method but plain_stock (fast: hf_eagle2.optimize_for_cpu)")
     p.add_argument("--cost-curve", action="store_true",
                    help="only measure the target's verify cost per q on stock and fast kernels (written to --out)")
+    p.add_argument("--profile", action="store_true",
+                   help="also count aten ops, kernel launches and host reads per round outside the target's forward")
     p.add_argument("--out", default="runs/bench/results.json")
     p.add_argument("--readme", default=None, help="also write the results table into this README (RESULTS markers)")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("card", help="generate a head folder's README.md model card from its results.json")
+    p = _verb(sub, "card", help="generate a head folder's README.md model card from its results.json")
     p.add_argument("--head", required=True)
     p.add_argument("--results", default=None, help="results JSON (default HEAD/results.json)")
     p.add_argument("--eval", nargs="+", default=None,
@@ -518,7 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo-id", default=None, help="user/name: the Hub repo the card's usage snippet loads")
     p.set_defaults(func=cmd_card)
 
-    p = sub.add_parser("push", help="upload a head folder (card, config, weights) and/or the custom_generate recipe")
+    p = _verb(sub, "push", help="upload a head folder (card, config, weights) and/or the custom_generate recipe")
     p.add_argument("--head", default=None, help="head folder")
     p.add_argument("--custom-generate", nargs="?", const=DEFAULT_CUSTOM_GENERATE, default=None, metavar="FOLDER",
                    help=f"also (or only) upload this recipe folder as the repo's custom_generate/ (default "
@@ -529,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--private", action="store_true")
     p.set_defaults(func=cmd_push)
 
-    p = sub.add_parser("demo", help="greedy chat demo: EAGLE-2 against plain generate")
+    p = _verb(sub, "demo", help="greedy chat demo: EAGLE-2 against plain generate")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--draft", default=DEFAULT_HEAD)
     p.add_argument("--prompt", default="Write a short story about a robot who learns to paint.")

@@ -296,6 +296,8 @@ def markdown(results: dict) -> str:
                 ident = f"{100 * share:.0f}%" + ("" if first is None else f" (first diff at token {first:.0f} on average)")
             lines.append(f"| {m} | {tps} | {sp} | {stock_s} | {tau} | {r['target_forwards']} | {split_s} | {ident} |")
         lines.append("")
+    if "profile" in results:
+        lines += ["**ops per round** (outside the target's forward, first prompt)", "", profile_markdown(results["profile"])]
     return "\n".join(lines)
 
 
