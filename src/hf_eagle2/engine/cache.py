@@ -66,15 +66,18 @@ def prune_tree_cache(
         identity = bool((keep == torch.arange(n_keep, device=keep.device)).all())
     if compact is None:
         compact = holes is not None and bool((holes > 0).any())
+    index = {}  # (start, device) -> (B, 1, n_keep, 1) gather index: built once, not once per layer
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False):
             continue
         start = _tree_start(layer, num_tree)
         if not identity:
-            idx = (start + keep).to(layer.keys.device)
+            where = (start, layer.keys.device)
+            if where not in index:
+                index[where] = (start + keep).to(layer.keys.device).view(bsz, 1, n_keep, 1)
             for tensor in (layer.keys, layer.values):
                 heads, dim = tensor.shape[1], tensor.shape[-1]
-                moved = tensor.gather(2, idx.view(bsz, 1, n_keep, 1).expand(bsz, heads, n_keep, dim))
+                moved = tensor.gather(2, index[where].expand(bsz, heads, n_keep, dim))
                 tensor[:, :, start : start + n_keep] = moved
         if compact and getattr(layer, "is_sliding", False):
             if not isinstance(layer, DynamicSlidingWindowLayer):
