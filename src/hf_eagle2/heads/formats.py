@@ -5,20 +5,29 @@
 * `"hf_eagle2"` (default): this package's layout. EAGLE-1/2: `config.json` of an `EagleConfig`
   (`model_type: "eagle"`) and `model.safetensors` under the official tensor names. EAGLE-3 heads have no layout
   of their own here: they are written in the official one.
-* `"official"`: what SafeAILab/EAGLE and SGLang load. EAGLE-1/2: a Llama-style `config.json`
-  (`model_type: "llama"`, `architectures: ["LlamaForCausalLMEagle"]`, the name SGLang serves EAGLE-1/2 heads
-  under; SafeAILab ignores it), tensors `fc.*`, `layers.0.*` and, when the head is bound to a target, the
-  target's `embed_tokens.weight` (official heads ship it; SGLang replaces it with the target's own). SGLang's
-  `fc` always has a bias, so a bias-free head is written with a zero `fc.bias` (and `bias: true`): the same
-  function, loadable everywhere. vLLM's EAGLE-1 `fc` has no bias and drops a shipped one. A reduced draft
+* `"official"`: what SafeAILab/EAGLE, SGLang and vLLM (`method="eagle"`) load. EAGLE-1/2: a Llama-style
+  `config.json` (`model_type: "llama"`, `architectures: ["LlamaForCausalLMEagle", "LlamaForCausalLM"]`: SGLang
+  serves the first, vLLM skips it as unknown and serves the second as `EagleLlamaForCausalLM`; SafeAILab ignores
+  both), tensors `fc.*`, `layers.0.*` and, when the head is bound to a target, the target's
+  `embed_tokens.weight` (official heads ship it; SGLang and vLLM use the target's own when equal). SGLang's `fc`
+  always has a bias, so a bias-free head is written with a zero `fc.bias`: the same function, loadable
+  everywhere. The config carries no `bias` key: SafeAILab's default for a missing one is the fc bias it needs,
+  while vLLM's and SGLang's Llama layers read `bias: true` as *attention* biases (q/k/v/o) that no EAGLE
+  checkpoint has, left uninitialised (vLLM 0.32 then accepted 0 of 162 drafted tokens). vLLM's EAGLE-1 `fc`
+  has no bias and drops a shipped one (a trained bias is lost there; the SmolLM2 head's top-1 barely moved
+  without it). A reduced draft
   vocabulary has no place in that layout and is dropped with a warning (drafting then scores the full
   vocabulary; outputs are unchanged, as verification is exact). SafeAILab computes head_dim as hidden /
   heads: heads of targets with another head_dim (e.g. Qwen3) load in SGLang, not there.
   EAGLE-3: `LlamaForCausalLMEagle3`, `midlayer.*`, `d2t` (offsets), `t2d`.
 * `"speculators"` (EAGLE-3 only): vLLM's `speculators` format: `config.json` with
   `speculators_model_type: "eagle3"`, a Llama `transformer_layer_config`, `draft_vocab_size`,
-  `eagle_aux_hidden_state_layer_ids` and a `speculators_config` (algorithm, greedy proposal, verifier); tensors
-  as in the official layout but with the decoder layer under `layers.0.` instead of `midlayer.`.
+  `target_hidden_size`, `eagle_aux_hidden_state_layer_ids` (strictly increasing: vLLM captures them in layer
+  order) and a `speculators_config` (algorithm, greedy proposal, verifier); tensors as in the official layout
+  but with the decoder layer under `layers.0.` instead of `midlayer.`. `norm_before_residual: false` is
+  written out, as vLLM's default for a missing key is true (another head). A head drafting over the full
+  vocabulary ships no `d2t` / `t2d`: vLLM has no place for them then and refuses the checkpoint
+  (tests/test_export_vllm.py lists what vLLM 0.32's loader requires).
 
 `EagleDraftModel.from_pretrained` reads all three (`is_speculators_config` picks the translation below). Only
 speculators EAGLE-3 heads that compute what the official head computes load: one Llama decoder layer, no
@@ -51,6 +60,8 @@ LAYER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention
 
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what from_pretrained reads, in its order
+# SGLang's EAGLE-1/2 class first; vLLM skips it (unregistered) and serves the second as EagleLlamaForCausalLM
+OFFICIAL_EAGLE12_ARCHITECTURES = ("LlamaForCausalLMEagle", "LlamaForCausalLM")
 
 
 def read_weights(path: str) -> dict[str, torch.Tensor]:
@@ -96,6 +107,9 @@ def save_head(head, save_directory: str | os.PathLike, layout: str, *, target=No
         if layout == "speculators":
             config = speculators_config(head, target, speculative_tokens)
             state = {_rename(k, "midlayer.", "layers.0."): v for k, v in state.items()}
+            if head.full_vocab:  # vLLM builds no draft->target map then, and refuses a checkpoint that has one
+                state.pop("d2t", None)
+                state.pop("t2d", None)
     elif layout == "official":
         config, state = _official_eagle12(head)
     else:
@@ -121,7 +135,11 @@ def _write(folder, config: dict, state: dict[str, torch.Tensor]) -> None:
 
 def _official_eagle12(head) -> tuple[dict, dict[str, torch.Tensor]]:
     config = head.config.to_dict()
-    config.update(model_type="llama", architectures=["LlamaForCausalLMEagle"], num_hidden_layers=1, bias=True)
+    # no `bias` key: SafeAILab reads a missing one as the fc bias written below, while vLLM and SGLang would read
+    # `bias: true` as q/k/v/o biases (see the module doc)
+    config.pop("bias", None)
+    config.update(model_type="llama", architectures=list(OFFICIAL_EAGLE12_ARCHITECTURES), num_hidden_layers=1,
+                  attention_bias=False, mlp_bias=False)  # fmt: skip
     state = _tensors(head)
     if "fc.bias" not in state:  # SGLang's fc always has a bias: a zero one computes the same
         state["fc.bias"] = torch.zeros(head.fc.out_features, dtype=head.fc.weight.dtype)
@@ -142,10 +160,16 @@ def speculators_config(head, target=None, speculative_tokens: int = 3) -> dict[s
     # older readers (transformers 4.x) look for rope_theta / rope_scaling beside rope_parameters
     layer["rope_theta"], layer["rope_scaling"] = c.rope_theta, c.to_dict()["rope_scaling"]
     layer.update(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1, tie_word_embeddings=False)
-    feature_ids = list(c.feature_layer_ids) if c.feature_layer_ids is not None else None
+    feature_ids = [int(i) for i in c.feature_layer_ids] if c.feature_layer_ids is not None else None
     verifier = {"name_or_path": c.target_model, "architectures": []}
     if target is not None:
-        feature_ids = list(head.target_feature_ids(target))
+        feature_ids = [int(i) for i in head.target_feature_ids(target)]
+    if feature_ids is not None and any(a >= b for a, b in zip(feature_ids, feature_ids[1:])):
+        # vLLM (EagleModelMixin._set_aux_hidden_state_layers) captures sorted(set(ids)): the head would read
+        # its three features in another order, or fewer of them
+        raise ValueError(f"the head's feature layer ids {feature_ids} are not strictly increasing: serving stacks "
+                         "concatenate the target's hidden states in layer order, so this head cannot be served")  # fmt: skip
+    if target is not None:
         # as speculators' own converter: the draft's context never shorter than the target's
         target_positions = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 0
         layer["max_position_embeddings"] = max(layer["max_position_embeddings"], target_positions)
@@ -163,7 +187,7 @@ def speculators_config(head, target=None, speculative_tokens: int = 3) -> dict[s
         },
         "transformer_layer_config": layer,
         "draft_vocab_size": head.d2t.numel(),
-        "target_hidden_size": c.target_hidden_size,
+        "target_hidden_size": int(c.target_hidden_size or c.hidden_size),  # fc reads 3 x this
         "eagle_aux_hidden_state_layer_ids": feature_ids,
         "norm_before_residual": False,
         "norm_before_fc": False,
