@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import signal
 import subprocess
@@ -47,36 +46,27 @@ BF16_MIN_IDENTICAL = 0.8
 # vLLM < 0.32 took a draft tree as `speculative_token_tree` (a list of paths); 0.32's SpeculativeConfig has no tree
 # field at all (checked in its config/speculative.py): the check offers it and records vLLM's answer
 TREE_OPTION = {"speculative_token_tree": str([(0,), (1,), (0, 0), (0, 0, 0)])}
-WORKER_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: SmolLM2 at 2k context needs far less
-    "HF_HUB_OFFLINE": "1",  # everything is local; the Hub is unreachable here
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+
+
+def _load_shared():
+    """src/hf_eagle2/evaluation/vllm_peer.py (standard library only at import), loaded by path: this file's worker
+    runs in .venv-serve, which does not have this package. The bench's vLLM peers share these helpers."""
+    import importlib.util
+
+    path = REPO / "src" / "hf_eagle2" / "evaluation" / "vllm_peer.py"
+    spec = importlib.util.spec_from_file_location("_hf_eagle2_vllm_peer", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+_shared = _load_shared()
+WORKER_ENV = _shared.WORKER_ENV  # vLLM's environment in the worker (KV cache size, offline Hub, no usage stats)
 
 
 # ---------------------------------------------------------------------- worker (runs in .venv-serve)
-def _spec_counters(llm) -> dict:
-    """vLLM's spec-decode counters (`LLM.get_metrics()`, Prometheus names `vllm:spec_decode_*`), summed over
-    engines."""
-    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
-    names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-             "vllm:spec_decode_num_accepted_tokens": "accepted"}  # fmt: skip
-    for metric in llm.get_metrics():
-        if metric.name in names:
-            out[names[metric.name]] += int(metric.value)
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            values = [int(v) for v in metric.values]
-            width = max(len(values), len(out["per_pos"]))
-            out["per_pos"] = [(out["per_pos"][i] if i < len(out["per_pos"]) else 0) + (values[i] if i < len(values) else 0)
-                              for i in range(width)]  # fmt: skip
-    return out
-
-
-def _delta(after: dict, before: dict) -> dict:
-    per_pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0) for i, a in enumerate(after["per_pos"])]
-    return {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")} | {"per_pos": per_pos}
+_spec_counters, _delta = _shared.spec_counters, _shared.delta
 
 
 def worker(job_file: str) -> int:
@@ -170,17 +160,7 @@ def render_prompts(tokenizer, limits: dict[str, int]) -> list[dict]:
     return prompts
 
 
-def root_cause(log: Path) -> str | None:
-    """vLLM's own message for a failed run: the last `SomethingError: ...` line of its log that is not the engine's
-    generic 'Engine core initialization failed' wrapper, without the process / logger prefix."""
-    if not log.exists():
-        return None
-    found = None
-    for line in log.read_text(errors="replace").splitlines():
-        m = re.search(r"\b(\w+(?:Error|Exception)): (.*)$", line)
-        if m and "Engine core initialization failed" not in line:
-            found = f"{m.group(1)}: {m.group(2)}".strip()
-    return found
+root_cause = _shared.root_cause
 
 
 def one_line(text: str) -> str:

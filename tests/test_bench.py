@@ -110,3 +110,90 @@ def test_bench_profile_reports_ops_and_host_reads_per_round(tmp_path, capsys):
     assert profile["plain"]["head_ops"] == 0 and profile["eagle2_accelerator"]["head_ops"] > 0
     assert profile["eagle2_accelerator"]["host_reads"] <= 1.0
     assert "ops per round" in capsys.readouterr().out
+
+
+FAKE_VLLM_WORKER = '''
+import json, sys
+config = json.loads(sys.argv[2])
+print(json.dumps({"ready": True, "vllm_version": "fake", "load_seconds": 0.0}), flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    if request.get("cmd") == "stop":
+        break
+    n = request["max_new_tokens"]
+    eagle3 = config["speculative_config"] is not None
+    spec = {"drafts": 2, "draft_tokens": 6, "accepted": 2, "per_pos": [2, 0, 0]} if eagle3 else \\
+        {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+    print(json.dumps({"tokens": [7] * n, "seconds": 0.5 if eagle3 else 1.0, "spec": spec}), flush=True)
+'''
+
+
+def test_vllm_peers_join_the_rotation_and_never_fail_the_bench(tmp_path, monkeypatch):
+    """vllm_* methods through the worker protocol (a fake worker that answers fixed ids): Run fields, the
+    per-prompt rotation, the error without a serve venv, and a vLLM mismatch is reported but no failure."""
+    import sys
+
+    from hf_eagle2.evaluation import bench
+    from hf_eagle2.evaluation.assets import load_model
+    from hf_eagle2.evaluation.vllm_peer import VllmOptions, VllmPeer
+
+    with pytest.raises(FileNotFoundError, match="make serve-check"):
+        cli.main(["bench", "--methods", "plain,vllm_plain", "--serve-venv", str(tmp_path / "none"), "--out",
+                  str(tmp_path / "r.json")])  # fmt: skip
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    (venv / "python").chmod(0o755)
+    worker = tmp_path / "fake_worker.py"
+    worker.write_text(FAKE_VLLM_WORKER)
+    calls = []
+    real_run_one, real_generate = bench.run_one, VllmPeer.generate
+    monkeypatch.setattr(bench, "run_one", lambda model, ids, m, *a, **kw: calls.append(m) or real_run_one(model, ids, m, *a, **kw))
+    monkeypatch.setattr(VllmPeer, "generate", lambda self, ids, n: calls.append(self.name) or real_generate(self, ids, n))
+    procs = {}
+    real_start = bench.start_peers
+
+    def start_peers(*a, **kw):
+        peers = real_start(*a, **kw)
+        procs.update({m: peer.proc for m, peer in peers.items()})
+        return peers
+
+    monkeypatch.setattr(bench, "start_peers", start_peers)
+    model, tokenizer = load_model("smollm2")
+    options = VllmOptions(serve_venv=str(tmp_path / "venv"), target="unused", head_export=str(tmp_path / "head"),
+                          worker=str(worker), log_dir=str(tmp_path / "logs"), start_timeout=30, request_timeout=30)  # fmt: skip
+    methods = ["plain", "vllm_plain", "vllm_eagle3"]
+    res = bench.run_bench(model, tokenizer, None, datasets=["builtin"], methods=methods, limit=3, max_new_tokens=5,
+                          threads=2, progress=False, vllm=options)  # fmt: skip
+    assert calls == methods + methods + methods[1:] + methods[:1] + methods[2:] + methods[:2]  # warm-up, 3 rotations
+    table = res["results"]["builtin"]
+    assert res["all_identical"] is True and res["meta"]["vllm"]["vllm_eagle3"]["config"]["speculative_config"] == {
+        "method": "eagle3", "model": str(tmp_path / "head"), "num_speculative_tokens": 3}
+    plain, vp, ve = table["plain"], table["vllm_plain"], table["vllm_eagle3"]
+    assert plain["mismatches"] == 0 and vp["mismatches"] == 3 and vp["identical_share"] == 0.0  # fake ids differ
+    assert vp["runs"] == 3 and vp["new_tokens"] == 15 and vp["target_forwards"] == 12 and vp["tau"] == 1.0
+    assert vp["tokens_per_second"] == pytest.approx(5.0)  # timed although mismatching: 15 tokens in 3 x 1.0 s
+    assert ve["target_forwards"] == 6 and ve["tau"] == pytest.approx(2.0)  # (5 - 1) / 2 drafts per prompt
+    assert ve["vllm_mean_accepted_length"] == pytest.approx(2.0) and ve["vllm_acceptance_rate"] == pytest.approx(1 / 3)
+    assert ve["speedup_vs_vllm_plain_median"] == pytest.approx(2.0)
+    text = bench.markdown(res)
+    assert "| vllm_eagle3 |" in text and "not a bench failure" in text and "mismatches**" not in text
+    assert set(procs) == set(methods[1:]) and all(proc.poll() is not None for proc in procs.values())  # stopped
+    assert all((tmp_path / "logs" / f"{m}.log").exists() for m in methods[1:])
+
+
+def test_vllm_peer_is_bounded_in_time_and_killed(tmp_path):
+    """A worker that never answers: the start times out and the worker's process group is gone."""
+    import sys
+
+    from hf_eagle2.evaluation.vllm_peer import VllmPeer
+
+    worker = tmp_path / "silent_worker.py"
+    worker.write_text("import time\ntime.sleep(60)\n")
+    peer = VllmPeer("vllm_plain", sys.executable, {"target": "unused"}, str(tmp_path / "w.log"), start_timeout=1,
+                    worker=str(worker))  # fmt: skip
+    with pytest.raises(TimeoutError, match="within 1 s"):
+        peer.start()
+    assert peer.proc is None
+    with pytest.raises(RuntimeError, match="not running"):
+        peer.generate([1, 2], 4)

@@ -355,6 +355,14 @@ def cmd_bench(args) -> None:
     from .evaluation.evaluate import parse_limit
 
     limit = parse_limit(args.limit, args.dataset.split(","))
+    vllm = None
+    if args.methods and any(m.startswith("vllm_") for m in args.methods.split(",")):
+        from .evaluation.vllm_peer import VllmOptions, serve_python, target_folder
+
+        serve_python(args.serve_venv)  # fails before the model loads: names `make serve-check`
+        vllm = VllmOptions(serve_venv=args.serve_venv, target=target_folder(args.model), dtype=args.dtype,
+                           draft=args.vllm_draft, k=args.vllm_k, request_timeout=args.vllm_timeout,
+                           log_dir=os.path.join(os.path.dirname(os.path.abspath(args.out)), "vllm"))  # fmt: skip
     _threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     draft, source = load_draft(args.draft, model)
@@ -375,7 +383,7 @@ def cmd_bench(args) -> None:
         model, tokenizer, draft, datasets=args.dataset.split(","), limit=limit,
         **({"methods": args.methods.split(",")} if args.methods else {}),
         max_new_tokens=args.max_new_tokens, tree_params=params, threads=args.threads, second_turn=not args.first_turn_only,
-        kernels=args.kernels,
+        kernels=args.kernels, vllm=vllm,
     )  # fmt: skip
     if args.profile:  # ops and host reads per round, on the first prompt (counted after the timed runs)
         from .evaluation.bench import profile_ops
@@ -684,6 +692,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only measure the target's verify cost per q on stock and fast kernels (written to --out)")
     p.add_argument("--profile", action="store_true",
                    help="also count aten ops, kernel launches and host reads per round outside the target's forward")
+    p.add_argument("--serve-venv", default=".venv-serve",
+                   help="venv with vLLM's CPU build, for the vllm_plain / vllm_eagle3 methods (`make serve-check` makes it)")
+    p.add_argument("--vllm-draft", default="model_cards/smollm2-135m-instruct-eagle3",
+                   help="EAGLE-3 head that vllm_eagle3 serves (exported in the speculators layout)")
+    p.add_argument("--vllm-k", type=int, default=3, help="vllm_eagle3's num_speculative_tokens")
+    p.add_argument("--vllm-timeout", type=float, default=600.0, help="seconds for one vLLM request")
     p.add_argument("--out", default="runs/bench/results.json")
     p.add_argument("--readme", default=None, help="also write the results table into this README (RESULTS markers)")
     p.add_argument("--threads", type=int, default=2)

@@ -13,6 +13,14 @@ differing token are reported instead.
 
 Reported per method and dataset: tokens/s, speed-ups (median of the per-prompt time ratios, with min and max),
 τ and target forwards, and for hf_eagle2 methods the per-round time split.
+
+vLLM as a peer (`vllm_plain`, `vllm_eagle3`; `vllm_peer`): vLLM's CPU build, from its own venv, one long-lived
+worker per method, on the same prompts (token ids), greedy, one request at a time, in the same per-prompt
+rotation. Their seconds are vLLM's `generate` wall time; `vllm_eagle3`'s target forwards are vLLM's draft steps
+(`spec_decode_num_drafts`: every decode step after the prefill drafts), so its τ is (new tokens - 1) / drafts, which
+matches vLLM's mean accepted length 1 + accepted / drafts (reported beside it). vLLM's kernels round differently
+from transformers', so its output is compared with plain `generate` and the identical share reported, but a
+vLLM mismatch is no bench failure (`all_identical` leaves vllm_* out) and its runs are all timed.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from tqdm.auto import tqdm
 
 from ..engine.drafter import DEFAULT_CPU_NGRAM
 from .evaluate import chat_input_ids, follow_up_chat, load_prompts
+from .vllm_peer import VLLM_METHODS, VllmOptions, close_peers, start_peers
 from ..engine.stats import tau_of
 
 # name -> generate kwargs; FIXED marks the methods that get the fixed tree of `tree_params` (m, depth, k)
@@ -51,7 +60,7 @@ TREE_METHODS = {
 FIXED = ("eagle2_fixed", "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither")
 # per-round time split reported by the bench: column -> EagleStats attribute (seconds)
 SPLIT_STATS = {"draft": "draft_model_s", "tree": "tree_build_s", "verify": "verify_s", "bookkeeping": "bookkeeping_s"}
-ALL_METHODS = ("plain", "plain_stock", "prompt_lookup", "assisted_chain", *TREE_METHODS)
+ALL_METHODS = ("plain", "plain_stock", "prompt_lookup", "assisted_chain", *TREE_METHODS, *VLLM_METHODS)
 DEFAULT_METHODS = ("plain", "plain_stock", "prompt_lookup", "assisted_chain", "eagle2", "eagle2_no_ngram", "eagle2_fixed")
 
 
@@ -80,6 +89,7 @@ class Run:
     split: dict = field(default_factory=dict)
     diverged_at: int | None = None  # first new token that differs from plain greedy (None: identical)
     prefill_tokens: int = 1  # the first token, from the prefill forward (not counted in target_forwards or tau)
+    spec: dict = field(default_factory=dict)  # vllm_eagle3: vLLM's spec-decode counters for this request
 
 
 def method_kwargs(method: str, draft, tree_params: dict) -> dict:
@@ -98,6 +108,8 @@ def method_kwargs(method: str, draft, tree_params: dict) -> dict:
         elif kw["tree"] == "chain":
             kw.update(tree_depth=tree_params.get("chain_depth", 4))
         return {"assistant_model": draft, **kw}
+    if method in VLLM_METHODS:
+        return {}  # run by a vLLM worker (run_vllm), not by generate
     raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
 
 
@@ -138,6 +150,22 @@ def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=No
     return seq, run
 
 
+def run_vllm(peer, ids, method, max_new_tokens) -> tuple[torch.Tensor, Run]:
+    """One request to a vLLM worker (vllm_peer.VllmPeer) as a Run; see the module doc for forwards and τ."""
+    answer = peer.generate(ids[0].tolist(), max_new_tokens)
+    tokens = answer["tokens"]
+    new = len(tokens)
+    spec = answer.get("spec") or {}
+    if method == "vllm_eagle3" and spec.get("drafts"):
+        forwards = int(spec["drafts"])
+    else:
+        forwards = max(new - 1, 0)  # one token per forward after the prefill's
+    seq = torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1)
+    run = Run(method, "", float(answer["seconds"]), new, forwards, True, prefill_tokens=min(new, 1),
+              spec={k: spec[k] for k in ("drafts", "draft_tokens", "accepted") if k in spec})  # fmt: skip
+    return seq, run
+
+
 def mark_divergence(run: Run, seq: torch.Tensor, reference: torch.Tensor, prompt_len: int) -> None:
     """Sets run.identical and run.diverged_at (index of the first differing new token, or None)."""
     run.identical = torch.equal(seq, reference)
@@ -151,8 +179,8 @@ def mark_divergence(run: Run, seq: torch.Tensor, reference: torch.Tensor, prompt
 
 def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT_METHODS, limit=None,
               max_new_tokens=256, tree_params=None, threads=None, progress=True, second_turn=True,
-              kernels="fast") -> dict:  # fmt: skip
-    """Runs the benchmark; returns the results dict (see module doc)."""
+              kernels="fast", vllm: VllmOptions | None = None) -> dict:  # fmt: skip
+    """Runs the benchmark; returns the results dict (see module doc). `vllm`: how to run the vllm_* methods."""
     if threads:
         torch.set_num_threads(threads)
     if kernels not in ("fast", "stock"):
@@ -164,10 +192,26 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
     methods = list(dict.fromkeys(["plain", *methods]))
     for m in methods:
         method_kwargs(m, draft, tree_params)  # validate names early
+    # vLLM workers: started once (tens of seconds each), kept for the whole bench, stopped at its end
+    peers = start_peers(methods, vllm or VllmOptions(dtype=str(next(model.parameters()).dtype)), model)
+    try:
+        return _run_bench(model, tokenizer, draft, datasets, methods, limit, max_new_tokens, tree_params, progress,
+                          second_turn, kernels, peers)  # fmt: skip
+    finally:
+        close_peers(peers)
+
+
+def _run_bench(model, tokenizer, draft, datasets, methods, limit, max_new_tokens, tree_params, progress, second_turn,
+               kernels, peers) -> dict:  # fmt: skip
+    def one(m, ids, new_tokens):
+        if m in VLLM_METHODS:
+            return run_vllm(peers[m], ids, m, new_tokens)
+        return run_one(model, ids, m, draft, tree_params, new_tokens, kernels=kernels)
+
     # warm-up: one short generation per method (the first also measures the kernel crossover and cost curve)
     warm = chat_input_ids(tokenizer, [{"role": "user", "content": "Hello!"}])
     for m in methods:
-        run_one(model, warm, m, draft, tree_params, 8, kernels=kernels)
+        one(m, warm, 8)
     work = []  # (dataset, prompt id, messages builder)
     for ds in datasets:
         for p in load_prompts(ds, limit):
@@ -184,7 +228,7 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
         order = methods[index % len(methods) :] + methods[: index % len(methods)]
         outputs, results = {}, {}
         for m in order:
-            seq, run = run_one(model, ids, m, draft, tree_params, max_new_tokens, kernels=kernels)
+            seq, run = one(m, ids, max_new_tokens)
             run.prompt = f"{prompt.id}/turn{turn + 1}"
             outputs[m], results[m] = seq, run
             bar.update(1)
@@ -198,6 +242,10 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
     exact = next(model.parameters()).dtype == torch.float32
     results = summarize(runs, datasets, methods, tree_params, max_new_tokens, exact=exact)
     results["meta"].update(kernels=kernels, dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
+    if peers:
+        results["meta"]["vllm"] = {m: {"vllm_version": p.info.get("vllm_version"),
+                                       "load_seconds": p.info.get("load_seconds"), "log": p.log_path,
+                                       "config": p.config} for m, p in peers.items()}  # fmt: skip
     return results
 
 
@@ -207,14 +255,15 @@ def _ratios(base: dict, runs: list[Run]) -> list[float]:
 
 def summarize(runs: dict[str, list[Run]], datasets, methods, tree_params, max_new_tokens, exact: bool = True) -> dict:
     """exact: float32 runs, where a mismatch is a failure and is left out of the timings; otherwise every run
-    is timed and the identical share and first-divergence position are reported."""
+    is timed and the identical share and first-divergence position are reported. vllm_* runs are always all timed
+    and never count against all_identical (another engine's rounding; see the module doc)."""
     table = {}
     for ds in datasets:
         plain_runs = {r.prompt: r for r in runs.get(f"{ds}/plain", [])}
         stock_runs = {r.prompt: r for r in runs.get(f"{ds}/plain_stock", [])}
         for m in methods:
             rs = runs.get(f"{ds}/{m}", [])
-            ok = [r for r in rs if r.identical] if exact else rs
+            ok = [r for r in rs if r.identical] if exact and m not in VLLM_METHODS else rs
             ratios = _ratios(plain_runs, ok)
             stock_ratios = _ratios(stock_runs, ok)
             diverged = [r.diverged_at for r in rs if r.diverged_at is not None]
@@ -244,11 +293,22 @@ def summarize(runs: dict[str, list[Run]], datasets, methods, tree_params, max_ne
                 "first_divergence_mean": statistics.fmean(diverged) if diverged else None,
                 "round_ms": split,
             }
+            if m == "vllm_eagle3":
+                drafts = sum(r.spec.get("drafts", 0) for r in ok)
+                draft_tokens = sum(r.spec.get("draft_tokens", 0) for r in ok)
+                accepted = sum(r.spec.get("accepted", 0) for r in ok)
+                vllm_plain = {r.prompt: r for r in runs.get(f"{ds}/vllm_plain", [])}
+                vratios = _ratios(vllm_plain, ok)
+                table[ds][m].update(
+                    vllm_drafts=drafts, vllm_accepted=accepted,
+                    vllm_acceptance_rate=accepted / draft_tokens if draft_tokens else None,
+                    vllm_mean_accepted_length=1 + accepted / drafts if drafts else None,
+                    speedup_vs_vllm_plain_median=statistics.median(vratios) if vratios else None)  # fmt: skip
     return {
         "meta": machine_meta() | {"max_new_tokens": max_new_tokens, "tree_params": tree_params, "methods": list(methods),
                                   "exact": exact},  # fmt: skip
         "results": table,
-        "all_identical": all(v["mismatches"] == 0 for ds in table.values() for v in ds.values()),
+        "all_identical": all(v["mismatches"] == 0 for ds in table.values() for m, v in ds.items() if m not in VLLM_METHODS),
     }
 
 
@@ -289,16 +349,31 @@ def markdown(results: dict) -> str:
             split_s = " / ".join(f"{split[k]:.1f}" for k in SPLIT_STATS) if split else "-"
             tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
             tps = "-" if r["tokens_per_second"] is None else f"{r['tokens_per_second']:.1f}"
-            if exact:
+            if exact and m not in VLLM_METHODS:
                 ident = "yes" if r["mismatches"] == 0 else f"**{r['mismatches']} mismatches**"
             else:
                 share, first = r.get("identical_share"), r.get("first_divergence_mean")
                 ident = f"{100 * share:.0f}%" + ("" if first is None else f" (first diff at token {first:.0f} on average)")
             lines.append(f"| {m} | {tps} | {sp} | {stock_s} | {tau} | {r['target_forwards']} | {split_s} | {ident} |")
         lines.append("")
+        if any(m in VLLM_METHODS for m in methods):
+            lines += [vllm_note(methods), ""]
     if "profile" in results:
         lines += ["**ops per round** (outside the target's forward, first prompt)", "", profile_markdown(results["profile"])]
     return "\n".join(lines)
+
+
+def vllm_note(methods: dict) -> str:
+    note = ("vllm_* rows: vLLM's CPU build (its own venv), same prompts as token ids, greedy, one request at a time; "
+            "seconds are vLLM's `generate` time. Its kernels round differently from transformers', so its identity "
+            "to plain `generate` is reported as a share and is not a bench failure; all its runs are timed.")  # fmt: skip
+    r = methods.get("vllm_eagle3")
+    if r is not None:
+        acc, mal, sp = r.get("vllm_acceptance_rate"), r.get("vllm_mean_accepted_length"), r.get("speedup_vs_vllm_plain_median")
+        note += (" vllm_eagle3: τ = (new tokens - 1) / vLLM draft steps; vLLM's own mean accepted length "
+                 f"{'-' if mal is None else f'{mal:.2f}'}, acceptance rate {'-' if acc is None else f'{acc:.2f}'}, "
+                 f"speed-up over vllm_plain {'-' if sp is None else f'{sp:.2f}x'} (median).")  # fmt: skip
+    return note
 
 
 # EAGLE-2 paper, ablations on Vicuna-7B, MT-bench, greedy (speed-up over vanilla decoding on GPU)
