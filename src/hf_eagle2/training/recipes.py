@@ -42,6 +42,7 @@ class ExtractSettings:
     turns: str = "first"  # self-distillation: answer the first user turn, or "all" (one sequence per turn)
     dtype: str = "float32"  # the target's dtype (bfloat16 where the CPU has it natively, as the shipped data)
     eagle3: bool = False  # also store the three layers an EAGLE-3 head reads
+    kernels: str = "stock"  # "fast": the target's linears prepacked (optimize_for_cpu) while extracting
     batch_size: int = 48
     max_prompt_tokens: int = 384
     max_new_tokens: int = 384
@@ -164,7 +165,8 @@ def get_recipe(name: str) -> Recipe:
 
 
 def with_overrides(recipe: Recipe, *, max_tokens: int | None = None, max_conversations: int | None = None,
-                   epochs: float | None = None, dtype: str | None = None, max_steps: int | None = None) -> Recipe:
+                   epochs: float | None = None, dtype: str | None = None, max_steps: int | None = None,
+                   kernels: str | None = None, draft_vocab_size: int | None = None) -> Recipe:
     """The recipe with its main knobs replaced (None keeps the recipe's). A token budget or a conversation count
     replaces the recipe's budget of the training folder (both may be given); `dtype` is the target's in extraction,
     and training then autocasts to bf16 exactly when it is bfloat16 (the shipped heads' fp32 stages trained in
@@ -175,6 +177,10 @@ def with_overrides(recipe: Recipe, *, max_tokens: int | None = None, max_convers
     if dtype is not None:
         ex = replace(ex, dtype=dtype)
         tr = replace(tr, autocast="bfloat16" if dtype == "bfloat16" else None)
+    if kernels is not None:
+        ex = replace(ex, kernels=kernels)
+    if draft_vocab_size is not None:
+        tr = replace(tr, draft_vocab_size=draft_vocab_size)
     if epochs is not None:
         tr = replace(tr, epochs=epochs)
     if max_steps is not None:
@@ -237,6 +243,7 @@ def plan(recipe: Recipe, target: str, out: str, *, threads: int | None = None, e
         argv += ["--max-tokens", str(max_tokens)] if max_tokens is not None else []
         argv += ["--max-conversations", str(max_conversations)] if max_conversations is not None else []
         argv += ["--eagle3"] if ex.eagle3 else []
+        argv += ["--kernels", ex.kernels] if ex.kernels != "stock" else []
         steps.append(Step(name, argv + thread_args, settings, folder,
                           _bind(extraction_complete, folder, settings)))  # fmt: skip
 
