@@ -20,6 +20,8 @@ from transformers.cache_utils import (
     StaticSlidingWindowLayer,
 )
 
+from ..kernels.reserved_cache import shared_store
+
 
 def check_cache_supported(cache: Cache) -> None:
     for layer in cache.layers:
@@ -67,11 +69,16 @@ def prune_tree_cache(
     if compact is None:
         compact = holes is not None and bool((holes > 0).any())
     index = {}  # (start, device) -> (B, 1, n_keep, 1) gather index: built once, not once per layer
+    store = shared_store(cache)  # layers whose entries live in one tensor: all moved by one gather
+    in_store = {id(layer) for layer in cache.layers if getattr(getattr(layer, "buffer", None), "store", 0) is store}
+    if store is not None and not identity:
+        length = next(layer for layer in cache.layers if id(layer) in in_store).buffer.length
+        store.move(length - num_tree, keep.to(store.data.device))
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False):
             continue
         start = _tree_start(layer, num_tree)
-        if not identity:
+        if not identity and id(layer) not in in_store:
             where = (start, layer.keys.device)
             if where not in index:
                 index[where] = (start + keep).to(layer.keys.device).view(bsz, 1, n_keep, 1)

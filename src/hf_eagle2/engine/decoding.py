@@ -25,6 +25,7 @@ from transformers.cache_utils import DynamicCache, StaticCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import check_cache_supported, prune_tree_cache
+from ..kernels.reserved_cache import stack_empty_cache
 from .drafter import EagleDrafter, TreeOptions
 from .stats import EagleStats, Timer
 from .stopping import BlockStopper
@@ -65,6 +66,7 @@ def eagle_generate(
     cache = model_kwargs.get("cache")
     if cache is None:
         cache = DynamicCache(config=model.config)
+    stack_empty_cache(cache)  # an empty dynamic cache keeps every layer in one tensor: pruning is one gather
     check_cache_supported(cache)
     if getattr(cache, "_hf_eagle2_holes", False):
         raise ValueError(HOLES_MESSAGE)

@@ -70,6 +70,99 @@ class KVBuffer:
         self.values = self.values.index_select(0, indices.to(self.values.device))
 
 
+class KVStore:
+    """One tensor (L, 2, B, H_kv, capacity, D) holding the keys and values of L layers, so that an operation on
+    every layer's entries (pruning a tree pass: `move`) is one kernel, not two per layer. Created by the first
+    layer that writes; grows for all layers at once (`grow`)."""
+
+    def __init__(self, num_layers: int, reserve: int = DEFAULT_RESERVE):
+        self.num_layers, self.reserve = num_layers, reserve
+        self.data: torch.Tensor | None = None
+
+    def fits(self, keys: torch.Tensor) -> bool:
+        """Whether a layer's (B, H_kv, T, D) entries can live here (same rows, heads, width, dtype, device)."""
+        d = self.data
+        return d is None or (d.shape[2:4] == keys.shape[:2] and d.shape[-1] == keys.shape[-1] and d.dtype == keys.dtype
+                             and d.device == keys.device)  # fmt: skip
+
+    def grow(self, like: torch.Tensor, end: int) -> None:
+        """Makes room for `end` slots per layer (plus `reserve`), keeping what every layer holds."""
+        if self.data is not None and end <= self.data.shape[-2]:
+            return
+        old = self.data
+        self.data = like.new_empty(self.num_layers, 2, *like.shape[:2], end + self.reserve, like.shape[-1])
+        if old is not None:
+            self.data[..., : old.shape[-2], :] = old
+
+    def move(self, start: int, keep: torch.LongTensor) -> None:
+        """Every layer: entries start + keep[b] (B, n) move to start .. start + n, in that order (two kernels)."""
+        num, _, bsz, heads, _, dim = self.data.shape
+        n = keep.shape[1]
+        index = (start + keep).view(1, 1, bsz, 1, n, 1).expand(num, 2, bsz, heads, n, dim)
+        self.data[..., start : start + n, :] = self.data.gather(4, index)
+
+
+class StackedBuffer(KVBuffer):
+    """A `KVBuffer` whose buffers are layer `index` of a shared `KVStore` (falls back to buffers of its own if its
+    entries do not fit the store, or when rows are selected: then it no longer takes part in `KVStore.move`)."""
+
+    def __init__(self, store: KVStore, index: int):
+        super().__init__(store.reserve)
+        self.store, self.index = store, index
+
+    @property
+    def stacked(self) -> bool:
+        return self.store is not None and self.store.data is not None and self.keys is self._store_view(0)
+
+    def _store_view(self, which: int) -> torch.Tensor | None:
+        return getattr(self, "_views", (None, None))[which]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + keys.shape[2]
+        if self.store is not None and self.store.fits(keys):
+            self.store.grow(keys, end)
+            self._views = (self.store.data[self.index, 0], self.store.data[self.index, 1])
+            self.keys, self.values = self._views
+        elif self.store is not None:  # another shape than the store's: this layer keeps its own buffers
+            self.store = None
+        return super().append(keys, values)
+
+    def select_rows(self, indices: torch.Tensor) -> None:
+        self.store = None
+        super().select_rows(indices)
+
+
+def stack_empty_cache(cache, reserve: int = DEFAULT_RESERVE) -> bool:
+    """Turns an empty `DynamicCache` (the one `generate` makes when none is passed) into one whose plain layers keep
+    their keys and values in one `KVStore`, in place (the object the caller holds stays the cache that fills).
+    Returns whether it did; caches that hold entries, offload, or have no plain layers are left as they are."""
+    if type(cache) is not DynamicCache or getattr(cache, "offloading", False):
+        return False
+    if any(getattr(layer, "is_initialized", False) for layer in cache.layers):
+        return False
+    plain = [i for i, layer in enumerate(cache.layers) if type(layer) is DynamicLayer]
+    if not plain:
+        return False
+    store = KVStore(len(plain), reserve)
+    for index, i in enumerate(plain):
+        layer = ReservedLayer(reserve)
+        layer.buffer = StackedBuffer(store, index)
+        cache.layers[i] = layer
+    return True
+
+
+def shared_store(cache) -> KVStore | None:
+    """The `KVStore` all of `cache`'s stacked layers write to, when every layer of the store is in it, stacked and
+    equally long (then `KVStore.move` prunes them all at once); else None."""
+    buffers = [layer.buffer for layer in cache.layers if isinstance(getattr(layer, "buffer", None), StackedBuffer)]
+    if not buffers or buffers[0].store is None:
+        return None
+    store = buffers[0].store
+    if len(buffers) != store.num_layers or any(not b.stacked or b.store is not store for b in buffers):
+        return None
+    return store if len({b.length for b in buffers}) == 1 else None
+
+
 class ReservedLayer(DynamicLayer):
     """A `DynamicLayer` whose keys and values are views of a `KVBuffer`'s filled part."""
 
