@@ -195,13 +195,16 @@ class EagleDrafter:
         root_pos = positions[:, -1]  # (B,)
         context = self.fed
         ctx_valid = self.ctx_valid
+        # the rotary (cos, sin) of every level's position, once for the round: (B, max_depth, D) each
+        level_pos = root_pos.unsqueeze(1) + torch.arange(max(1, max_depth), device=root_pos.device)
+        cos, sin = self.draft.rotary(root_hidden, level_pos)
 
         def draft_step(tokens, parent_hidden, depth, anc):
             bsz, num = tokens.shape
             mask = torch.cat([ctx_valid.unsqueeze(1).expand(bsz, num, context), anc], dim=-1).unsqueeze(1)
-            pos = (root_pos + depth - 1).unsqueeze(1).expand(bsz, num)
+            cos_sin = (cos[:, depth - 1 : depth], sin[:, depth - 1 : depth])  # node positions: root_pos + depth - 1
             with self._timed():
-                hidden, _ = self.draft(tokens, parent_hidden, pos, mask, self.kv)
+                hidden, _ = self.draft(tokens, parent_hidden, None, mask, self.kv, cos_sin=cos_sin)
             return hidden
 
         root_tokens = input_ids[:, -1]

@@ -32,7 +32,6 @@ from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
 )
 from transformers.utils import logging
 
@@ -69,6 +68,24 @@ _REQUIRED = [
 _IGNORED = re.compile(r"^(embed_tokens\.weight|.*rotary_emb\.inv_freq)$")
 
 
+class EagleRMSNorm(LlamaRMSNorm):
+    """`LlamaRMSNorm` (same parameter, same result up to rounding) as one `F.rms_norm` kernel where input and weight
+    share a dtype, instead of six: the head runs once per draft level, so its per-op overhead is the round's."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dtype != self.weight.dtype:
+            return super().forward(hidden_states)
+        return F.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x (B, T, heads, D) with `EagleDraftModel.rotary`'s (cos, signed_sin), (B, T, D) each:
+    x * cos + rotate_half(x) * sin as three kernels (rotate_half(x) = roll(x, D/2) with its first half negated,
+    which signed_sin carries), the same values as transformers' `apply_rotary_pos_emb` up to rounding."""
+    cos, signed_sin = cos.unsqueeze(2), signed_sin.unsqueeze(2)
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
+
+
 class EagleAttention(nn.Module):
     """Llama self-attention with an explicit (keys, values) cache and an explicit boolean mask."""
 
@@ -96,10 +113,10 @@ class EagleAttention(nn.Module):
         past_key_value: a (keys, values) tuple (returns this step's own (keys, values)), or a `KVBuffer` that
         this step appends to (returned)."""
         bsz, q_len, _ = x.shape
-        q = self.q_proj(x).view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(bsz, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(bsz, q_len, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(bsz, q_len, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(bsz, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        q, k = rotate(torch.cat([q, k], dim=2), *cos_sin).transpose(1, 2).split([self.num_heads, self.num_kv_heads], 1)
         new_kv = (k, v)
         if isinstance(past_key_value, KVBuffer):
             k, v = past_key_value.append(k, v)
@@ -127,7 +144,7 @@ class EagleDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = EagleAttention(config)
         self.mlp = LlamaMLP(config)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = EagleRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, x, cos_sin, attention_mask, past_key_value):
         attn, new_kv = self.self_attn(x, cos_sin, attention_mask, past_key_value)
@@ -321,19 +338,30 @@ class EagleDraftModel(PreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         past_key_value: KVCache | KVBuffer | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, KVCache | KVBuffer]:
         """One head step over T pairs (feature_t, token_{t+1}).
 
         input_ids: (B, T) tokens t+1 (or inputs_embeds (B, T, H)); features: (B, T, H) target (or drafted)
         features at t; position_ids: (B, T) = t; attention_mask: (B, 1, T, S) bool over past + new keys, or None
-        for plain causal attention without a cache. Returns the predicted features (B, T, H) and the new
-        (keys, values) of these T positions, each (B, H_kv, T, D), or with a `KVBuffer` cache that cache.
+        for plain causal attention without a cache; cos_sin: the rotary (cos, sin) of position_ids, (B, T or 1, D)
+        each, when the caller has them (`rotary`: one computation for all of a round's draft levels), else
+        computed here. Returns the predicted features (B, T, H) and the new (keys, values) of these T positions,
+        each (B, H_kv, T, D), or with a `KVBuffer` cache that cache.
         """
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
         x = self.fc(torch.cat([inputs_embeds.to(features.dtype), features], dim=-1))
-        cos_sin = self.rotary_emb(x, position_ids)
+        if cos_sin is None:
+            cos_sin = self.rotary(x, position_ids)
         return self.layers[0](x, cos_sin, attention_mask, past_key_value)
+
+    def rotary(self, like: torch.Tensor, position_ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin), each (B, T, D) in `like`'s dtype, of position_ids (B, T): the head's rotary
+        embedding as `rotate` applies it (the sine's first half negated)."""
+        cos, sin = self.rotary_emb(like, position_ids)
+        half = sin.shape[-1] // 2
+        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -44,12 +44,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRotaryEmbedding
 
 from .configuration_eagle import Eagle3Config, official_feature_ids
 from ..kernels.cpu import is_optimized
 from .formats import save_head
-from .modeling_eagle import EagleAttention, EagleDraftModel, KVCache, _merged_vocab, _TargetBinding
+from .modeling_eagle import EagleAttention, EagleDraftModel, EagleRMSNorm, KVCache, _merged_vocab, _TargetBinding
 from ..kernels.reserved_cache import KVBuffer
 
 
@@ -71,9 +71,9 @@ class Eagle3DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Eagle3Attention(config)
         self.mlp = LlamaMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = EagleRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = EagleRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = EagleRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, embeds, features, cos_sin, attention_mask, past_key_value):
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(features)], dim=-1)
@@ -97,7 +97,7 @@ class Eagle3DraftModel(EagleDraftModel):
         num_draft = config.draft_vocab_size or config.vocab_size
         self.fc = nn.Linear(3 * target_hidden, config.hidden_size, bias=False)
         self.midlayer = Eagle3DecoderLayer(config)
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = EagleRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, num_draft, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         # own embeddings only when the target's are of another width (official heads ship them then)
@@ -280,14 +280,16 @@ class Eagle3DraftModel(EagleDraftModel):
         attention_mask: torch.Tensor | None = None,
         past_key_value: KVCache | KVBuffer | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, KVCache | KVBuffer]:
         """One head step over T pairs (feature_t, token_{t+1}); features (B, T, H): `project_features` of the
         target's, or the head's own outputs. Returns the pre-norm outputs (B, T, H) and the cache (see
-        `EagleDraftModel.forward`)."""
+        `EagleDraftModel.forward`, also for cos_sin)."""
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
         embeds = inputs_embeds.to(features.dtype)
-        cos_sin = self.rotary_emb(features, position_ids)
+        if cos_sin is None:
+            cos_sin = self.rotary(features, position_ids)
         return self.midlayer(embeds, features, cos_sin, attention_mask, past_key_value)
 
     # ------------------------------------------------------------------ construction
