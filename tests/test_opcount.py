@@ -1,6 +1,7 @@
 """Ops and host reads per round outside the target's forward (`evaluation.opcount`), bounded so that a change
 which adds per-node Python work or a host sync to the round fails here. Issue 46's yardstick is the accelerator
-round (m=60, depth 6, k=10, no n-gram branch) on SmolLM2 with the shipped head; the goal is <= 300 launches."""
+round (m=60, depth 6, k=10, no n-gram branch) on SmolLM2 with the shipped head: at most 300 launches (from 594
+when the issue was filed)."""
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ def test_fixed_round_reads_the_host_once_and_its_ops_do_not_grow_with_the_tree(f
     small, large = fixed_round(model, draft, 8), fixed_round(model, draft, 24)
     assert large.host_reads <= 1.0, large
     assert large.launches <= small.launches + 8, (small, large)  # per-node work would scale with m
-    assert large.launches <= {"llama": 340, "gemma3": 380}[family], large  # 331 / 358-375 measured
+    assert large.launches <= {"llama": 240, "gemma3": 280}[family], large  # 222 / 252-263 measured
 
 
 def test_the_counter_sees_an_added_host_read(monkeypatch):
@@ -53,4 +54,4 @@ def test_accelerator_round_on_smollm2(smollm2):
     per_round = count_round_ops(model, ids, short=16, long=64, assistant_model=draft, **ACCELERATOR_ROUND)
     print("accelerator round on SmolLM2:", per_round.as_dict())
     assert per_round.host_reads <= 1.0, per_round
-    assert per_round.launches <= 600, per_round  # 549-567 measured when this test was written (goal: 300)
+    assert per_round.launches <= 300, per_round  # 290 measured (549-567 before the stacked cache and lean head)

@@ -102,3 +102,29 @@ def test_a_one_token_prompt_beside_longer_ones():
         assert torch.equal(ids, ids1) and start == start1 and not feats.isnan().any()
         torch.testing.assert_close(feats, feats1, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(aux, aux1, rtol=1e-4, atol=1e-5)
+
+
+def test_a_stacked_cache_prunes_all_layers_in_one_move_like_per_layer_gathers():
+    """`stack_empty_cache` puts every plain layer in one KVStore; `prune_tree_cache` then moves the kept tree
+    entries of all layers at once, and the result is what per-layer gathers on a DynamicCache give."""
+    from transformers.cache_utils import DynamicCache
+
+    from hf_eagle2.engine.cache import prune_tree_cache
+    from hf_eagle2.kernels.reserved_cache import KVStore, shared_store, stack_empty_cache
+
+    model = tiny_model("llama", seed=1)
+    stacked, plain = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    assert stack_empty_cache(stacked) and not stack_empty_cache(stacked)  # done once, on an empty cache only
+    for step, n in enumerate((5, 3, 7)):  # prefill, then two "tree passes" of which a few entries are kept
+        for index in range(len(plain.layers)):
+            k, v = kv(2, n, seed=10 * step + index)
+            stacked.update(k, v, index), plain.update(k, v, index)
+        if step:
+            keep = torch.tensor([[0, 2, 1], [0, 1, 2]])[:, : min(3, n)]
+            prune_tree_cache(stacked, keep, n), prune_tree_cache(plain, keep, n)
+    store = shared_store(stacked)
+    assert isinstance(store, KVStore) and store.num_layers == len(plain.layers)
+    for ours, theirs in zip(stacked.layers, plain.layers):
+        assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+    stacked.layers[0].batch_select_indices(torch.tensor([1]))  # a layer that leaves the store ends the shared move
+    assert shared_store(stacked) is None

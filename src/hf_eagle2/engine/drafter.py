@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from . import constants
 from .ngram import NgramProposer
 from ..kernels.reserved_cache import KVBuffer
 from .tree import (
@@ -170,8 +171,8 @@ class EagleDrafter:
         tokens = input_ids[:, start + 1 : start + num_new + 1]
         pos = positions[:, start : start + num_new]
         ctx_valid = valid if self.ctx_valid is None else torch.cat([self.ctx_valid, valid], dim=1)
-        rows = torch.arange(num_new, device=device)
-        cols = torch.arange(start + num_new, device=device)
+        rows = constants.arange(num_new, device)
+        cols = constants.arange(start + num_new, device)
         causal = cols.unsqueeze(0) <= start + rows.unsqueeze(1)  # (T, C + T)
         itself = cols.unsqueeze(0) == start + rows.unsqueeze(1)  # holes attend to themselves only, never NaN
         mask = ((causal.unsqueeze(0) & ctx_valid.unsqueeze(1)) | itself).unsqueeze(1)  # (B, 1, T, C + T)
@@ -196,12 +197,11 @@ class EagleDrafter:
         context = self.fed
         ctx_valid = self.ctx_valid
         # the rotary (cos, sin) of every level's position, once for the round: (B, max_depth, D) each
-        level_pos = root_pos.unsqueeze(1) + torch.arange(max(1, max_depth), device=root_pos.device)
+        level_pos = root_pos.unsqueeze(1) + constants.arange(max(1, max_depth), root_pos.device)
         cos, sin = self.draft.rotary(root_hidden, level_pos)
 
-        def draft_step(tokens, parent_hidden, depth, anc):
-            bsz, num = tokens.shape
-            mask = torch.cat([ctx_valid.unsqueeze(1).expand(bsz, num, context), anc], dim=-1).unsqueeze(1)
+        def draft_step(tokens, parent_hidden, depth, anc):  # anc: (B, num, context + tree slots fed)
+            mask = anc.unsqueeze(1)
             cos_sin = (cos[:, depth - 1 : depth], sin[:, depth - 1 : depth])  # node positions: root_pos + depth - 1
             with self._timed():
                 hidden, _ = self.draft(tokens, parent_hidden, None, mask, self.kv, cos_sin=cos_sin)
@@ -227,9 +227,10 @@ class EagleDrafter:
                     rerank=opts.rerank,
                     chain=chain,
                     budget=self.budget,
+                    context_mask=ctx_valid,
                 )
             else:
-                tree = build_static_tree(*common, spec=opts.static_spec(max_depth, max_nodes))
+                tree = build_static_tree(*common, spec=opts.static_spec(max_depth, max_nodes), context_mask=ctx_valid)
         finally:
             self.kv.truncate(context)  # forget the tree's entries
         self.last_tree = tree

@@ -14,6 +14,7 @@ layers also get the window cut-off at each node's own position.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -171,6 +172,9 @@ class TargetModel:
         kv_length, kv_offset = cache.get_mask_sizes(q, layer_idx)
         kv_length, kv_offset = int(kv_length), int(kv_offset)
         device = tree.tokens.device
+        if window is None and kv_offset == 0 and kv_length == past + q:  # keys = the cache, then the tree
+            allowed = torch.cat([(slot_pos >= 0).unsqueeze(1).expand(bsz, q, past), tree.ancestors], dim=-1)
+            return torch.where(allowed.unsqueeze(1), *_mask_values(self.dtype, device))
         cache_index = kv_offset + torch.arange(kv_length, device=device)  # (kv,)
         # cached part
         in_past = cache_index < past
@@ -186,3 +190,9 @@ class TargetModel:
         mask = torch.zeros(bsz, 1, q, kv_length, dtype=self.dtype, device=device)
         return mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(self.dtype).min)
 
+
+
+@functools.lru_cache(maxsize=16)
+def _mask_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """0 and the dtype's minimum as 0-dim tensors: `torch.where` with them makes an additive mask in one kernel."""
+    return torch.zeros((), dtype=dtype, device=device), torch.full((), torch.finfo(dtype).min, dtype=dtype, device=device)

@@ -20,11 +20,14 @@ each path, so the kept set stays connected); `rerank=False` keeps the expanded f
 
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
+from . import constants
 # The EAGLE-1 default static tree: 25 nodes below the root, depth 5. Each entry is a path of top-k ranks
 # (0 = the draft's most likely token) from the root; e.g. (0, 1) is the 2nd-ranked child of the 1st-ranked
 # depth-1 node. Branching is widest near the root, where acceptance is likeliest.
@@ -117,19 +120,44 @@ def root_only_tree(root_tokens: torch.LongTensor, like: torch.Tensor) -> DraftTr
 
 
 def _ancestors_from_parents(parents: torch.LongTensor, depths: torch.LongTensor, max_depth: int) -> torch.BoolTensor:
-    """(B, n) parents in depth-major order -> (B, n, n) ancestor-or-self mask, one gather per depth."""
+    """(B, n) parents in depth-major order -> (B, n, n) ancestor-or-self mask: max_depth rounds of "a node's row is
+    its parent's row plus itself", over all nodes at once (two kernels each): after d rounds every node of depth
+    <= d is exact, and exact rows stay so (the root is its own parent here)."""
     bsz, n = parents.shape
-    eye = torch.eye(n, dtype=torch.bool, device=parents.device).expand(bsz, n, n)
-    anc = eye.clone()
+    eye = constants.eye(n, parents.device).expand(bsz, n, n)
+    anc = eye
     gather_idx = parents.clamp(min=0).unsqueeze(-1).expand(bsz, n, n)
-    for d in range(1, max_depth + 1):
-        inherited = anc.gather(1, gather_idx) | eye
-        anc = torch.where((depths == d).unsqueeze(-1), inherited, anc)
-    return anc
+    for _ in range(max_depth):
+        anc = anc.gather(1, gather_idx) | eye
+    return anc if max_depth else eye.clone()
 
 
-# A draft step: (frontier tokens (B, f), parent features (B, f, H), depth of the fed nodes, ancestry of the
-# fed nodes over all tree slots fed so far including themselves (B, f, S)) -> predicted features (B, f, H).
+@dataclass(frozen=True)
+class _Layout:
+    """The dynamic tree's candidate layout, a constant per (k, levels): C = k + (levels - 1) k^2 candidates, depth
+    by depth. The frontier of each depth is k of its candidates (all k at depth 1, the top-k `picks` below), and
+    candidate j of depth d + 1 >= 2 is a child of that depth's frontier slot j // k."""
+
+    depths: torch.LongTensor  # (C,) depth of each candidate
+    slot_base: torch.LongTensor  # (levels * k,) added to the frontier picks: candidate ids of every frontier slot
+    parent_slot: torch.LongTensor  # (C,) index into the frontier slots of each candidate's parent (0 at depth 1)
+    top: torch.BoolTensor  # (C,) depth-1 candidates (children of the root)
+
+
+@functools.lru_cache(maxsize=64)
+def _level_layout(k: int, levels: int, device: torch.device) -> _Layout:
+    sizes = [k] + [k * k] * (levels - 1)
+    starts = [0, *itertools.accumulate(sizes)][:levels]
+    depths = torch.repeat_interleave(torch.arange(1, levels + 1), torch.tensor(sizes))
+    slot_base = torch.tensor([starts[d] for d in range(levels) for _ in range(k)])
+    parent_slot = torch.cat([torch.zeros(k, dtype=torch.long)] +
+                            [(d - 1) * k + torch.arange(k * k) // k for d in range(1, levels)])  # fmt: skip
+    return _Layout(depths.to(device), slot_base.to(device), parent_slot.to(device), (depths == 1).to(device))
+
+
+# A draft step: (frontier tokens (B, f), parent features (B, f, H), depth of the fed nodes, what the fed nodes
+# attend to (B, f, C + S): the builder's `context_mask` (B, C), then their ancestry over all tree slots fed so far
+# including themselves) -> predicted features (B, f, H).
 DraftStep = Callable[[torch.LongTensor, torch.Tensor, int, torch.BoolTensor], torch.Tensor]
 # Log-probabilities over the draft vocabulary: (..., H) -> (..., N)
 DraftLogProbs = Callable[[torch.Tensor], torch.Tensor]
@@ -149,8 +177,10 @@ def build_dynamic_tree(
     rerank: bool = True,
     chain=None,
     budget=None,
+    context_mask: torch.BoolTensor | None = None,
 ) -> DraftTree:
-    """EAGLE-2 dynamic tree. root_tokens: (B,), root_hidden: (B, H) = head output at the root.
+    """EAGLE-2 dynamic tree. root_tokens: (B,), root_hidden: (B, H) = head output at the root; context_mask:
+    (B, C) the head-cache slots every tree node attends to (None: none), the first C columns of each step's mask.
 
     chain: optional `ngram.NgramChain` below the root, merged into the candidates before reranking (see
     `_merge_chain`). budget: optional `RoundBudget`: stop expanding when the next depth cannot pay for its head
@@ -161,22 +191,19 @@ def build_dynamic_tree(
     bsz, hidden_size = root_hidden.shape
     device = root_hidden.device
     k = top_k
+    eye = constants.eye(k, device).expand(bsz, k, k)
     logp = draft_logprobs(root_hidden).float()  # (B, N)
     top_lp, top_idx = logp.topk(k, dim=-1)  # (B, k)
     cand_tokens = [to_target_ids(top_idx)]
     cand_local = [top_lp]
     cand_key = [top_lp]  # ranking key: log V_i, or the path-monotone local confidence for the ablation
     cand_score = [top_lp]
-    cand_parent = [torch.full((bsz, k), -1, dtype=torch.long, device=device)]
-    cand_depth = [torch.ones(bsz, k, dtype=torch.long, device=device)]
-    expanded = [torch.arange(k, device=device).expand(bsz, k)]  # candidate ids of each depth's frontier
+    picks = []  # per expanded depth: the frontier, as indices into that depth's k * k candidates
 
-    frontier_ids = expanded[0]
     frontier_tokens = cand_tokens[0]
     frontier_key, frontier_score = top_lp, top_lp
     frontier_hidden = root_hidden.unsqueeze(1).expand(bsz, k, hidden_size)
-    frontier_anc = torch.eye(k, dtype=torch.bool, device=device).expand(bsz, k, k)
-    num_cand = k
+    frontier_anc = eye if context_mask is None else torch.cat([context_mask.unsqueeze(1).expand(bsz, k, -1), eye], -1)
     levels = 1
     for d in range(1, depth):
         if budget is not None and not budget.worth_expanding(frontier_score):
@@ -190,22 +217,24 @@ def build_dynamic_tree(
         cand_local.append(child_lp.flatten(1))
         cand_score.append(child_score.flatten(1))
         cand_key.append(child_key.flatten(1))
-        cand_parent.append(frontier_ids.unsqueeze(-1).expand(bsz, k, k).flatten(1))
-        cand_depth.append(torch.full((bsz, k * k), d + 1, dtype=torch.long, device=device))
         # next frontier: the k best children by the ranking key
         frontier_key, pick = cand_key[-1].topk(k, dim=-1)  # (B, k) indices into this depth's k*k
-        frontier_ids = num_cand + pick
-        expanded.append(frontier_ids)
+        picks.append(pick)
         frontier_tokens = cand_tokens[-1].gather(1, pick)
-        frontier_score = cand_score[-1].gather(1, pick)
+        frontier_score = frontier_key if use_global_value else cand_score[-1].gather(1, pick)
         parent_slot = pick // k
         frontier_hidden = hidden.gather(1, parent_slot.unsqueeze(-1).expand(bsz, k, hidden_size))
         inherited = frontier_anc.gather(1, parent_slot.unsqueeze(-1).expand(bsz, k, frontier_anc.shape[-1]))
-        frontier_anc = torch.cat([inherited, torch.eye(k, dtype=torch.bool, device=device).expand(bsz, k, k)], dim=-1)
-        num_cand += k * k
+        frontier_anc = torch.cat([inherited, eye], dim=-1)
 
+    num_cand = k + (levels - 1) * k * k
     tokens, local, score = torch.cat(cand_tokens, 1), torch.cat(cand_local, 1), torch.cat(cand_score, 1)
-    key, parent, depths = torch.cat(cand_key, 1), torch.cat(cand_parent, 1), torch.cat(cand_depth, 1)
+    key = torch.cat(cand_key, 1)
+    layout = _level_layout(k, levels, device)
+    depths = layout.depths.expand(bsz, num_cand)
+    # candidate ids of each depth's frontier, depth-major, k per depth (depth 1's frontier is all its k)
+    expanded = torch.cat([constants.arange(k, device).expand(bsz, k), *picks], 1) + layout.slot_base
+    parent = torch.where(layout.top, -1, expanded.gather(1, layout.parent_slot.expand(bsz, num_cand)))
     chain_cand = None
     if chain is not None:
         if not rerank:
@@ -218,9 +247,8 @@ def build_dynamic_tree(
             m = budget.best_size(ranked.values[:, :m], levels)
         order = ranked.indices[:, :m]
     else:
-        frontier_all = torch.cat(expanded, 1)  # depth-major, k per depth
-        m = min(total_tokens, frontier_all.shape[1])
-        order = frontier_all[:, :m]
+        m = min(total_tokens, expanded.shape[1])
+        order = expanded[:, :m]
     selected = torch.sort(order, dim=1).values  # depth-major: parents first (head candidates are numbered so)
     if chain_cand is not None:
         selected = _depth_major(selected, depths)
@@ -326,13 +354,13 @@ def _assemble(root_tokens, selected, tokens, parent, depths, score, local, num_c
     ties go to the earlier candidate); `DraftTree.check` asserts it in the tests, not here: that is a host sync."""
     bsz, m = selected.shape
     device = selected.device
-    node_of_cand = torch.full((bsz, num_cand), -1, dtype=torch.long, device=device)
-    node_of_cand.scatter_(1, selected, torch.arange(1, m + 1, device=device).expand(bsz, m))
-    cand_parent = parent.gather(1, selected)
-    node_parent = torch.where(cand_parent < 0, 0, node_of_cand.gather(1, cand_parent.clamp(min=0)))
-    zeros_long = torch.zeros(bsz, 1, dtype=torch.long, device=device)
-    zeros = torch.zeros(bsz, 1, dtype=score.dtype, device=device)
-    parents = torch.cat([zeros_long - 1, node_parent], 1)
+    # node index of every candidate, shifted by one so that the root's children (parent -1) find the root (0)
+    node_of_cand = torch.zeros(bsz, num_cand + 1, dtype=torch.long, device=device)
+    node_of_cand.scatter_(1, selected + 1, constants.arange(m + 1, device)[1:].expand(bsz, m))
+    node_parent = node_of_cand.gather(1, parent.gather(1, selected) + 1)
+    zeros_long = constants.scalar(0, torch.long, device).expand(bsz, 1)
+    zeros = constants.scalar(0, score.dtype, device).expand(bsz, 1)
+    parents = torch.cat([constants.scalar(-1, torch.long, device).expand(bsz, 1), node_parent], 1)
     node_depths = torch.cat([zeros_long, depths.gather(1, selected)], 1)
     return DraftTree(
         tokens=torch.cat([root_tokens.view(bsz, 1), tokens.gather(1, selected)], 1),
@@ -416,8 +444,10 @@ def build_static_tree(
     draft_logprobs: DraftLogProbs,
     to_target_ids: Callable[[torch.LongTensor], torch.LongTensor],
     spec: StaticTreeSpec,
+    context_mask: torch.BoolTensor | None = None,
 ) -> DraftTree:
-    """EAGLE-1 static tree (or a chain): fixed shape, tokens = the draft's top-ranked children of each node."""
+    """EAGLE-1 static tree (or a chain): fixed shape, tokens = the draft's top-ranked children of each node;
+    context_mask as for `build_dynamic_tree`."""
     bsz, hidden_size = root_hidden.shape
     device = root_hidden.device
     n = spec.num_nodes
@@ -436,6 +466,8 @@ def build_static_tree(
             fed_so_far = torch.cat([fed_so_far, fed])
             parent_hidden = node_hidden[:, spec.parents[level.fed].to(device)]
             fed_anc = anc[fed][:, fed_so_far].expand(bsz, fed.numel(), fed_so_far.numel())
+            if context_mask is not None:
+                fed_anc = torch.cat([context_mask.unsqueeze(1).expand(bsz, fed.numel(), -1), fed_anc], -1)
             hidden = draft_step(tokens[:, fed], parent_hidden, d, fed_anc)
             node_hidden[:, fed] = hidden
         top_lp, top_idx = draft_logprobs(hidden).float().topk(level.width, dim=-1)  # (B, f, width)

@@ -37,6 +37,7 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
 )
 
+from . import constants
 from .tree import DraftTree
 
 
@@ -163,7 +164,7 @@ def accepted_path(tree: DraftTree, best: torch.LongTensor) -> torch.LongTensor:
     """(B, D + 1) the ancestors-or-self of node `best` (B,) in depth order (nodes are depth-major, so in index
     order), padded with `best`."""
     bsz, n = tree.tokens.shape
-    on_path = tree.ancestors[torch.arange(bsz, device=best.device), best]  # (B, n)
-    idx = torch.where(on_path, torch.arange(n, device=best.device), n)
+    on_path = tree.ancestors.gather(1, best.view(bsz, 1, 1).expand(bsz, 1, n)).squeeze(1)  # (B, n)
+    idx = torch.where(on_path, constants.arange(n, best.device), n)
     idx = idx.sort(dim=1).values[:, : tree.max_depth + 1]
     return torch.where(idx < n, idx, best.unsqueeze(1))
