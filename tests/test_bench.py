@@ -197,3 +197,52 @@ def test_vllm_peer_is_bounded_in_time_and_killed(tmp_path):
     assert peer.proc is None
     with pytest.raises(RuntimeError, match="not running"):
         peer.generate([1, 2], 4)
+
+
+class _Tok:
+    """Just enough tokenizer for run_bench on a tiny model: chat ids from the prompt's characters."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, return_tensors="pt", **kwargs):
+        import torch
+
+        text = " ".join(m["content"] for m in messages)
+        return torch.tensor([[3 + (ord(c) % 29) for c in text[:24]]])
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + int(i) % 26) for i in ids)
+
+
+def test_bench_journal_resumes_where_it_stopped_and_assisted_uses_the_assistant(tmp_path, monkeypatch):
+    """Each finished prompt is journaled; a second bench with the same settings measures only what is missing and
+    reports the same runs; other settings are refused. `assisted` / `assisted_<n>` run transformers' assisted
+    decoding with the separate assistant model, exact in fp32."""
+    from conftest import tiny_model
+
+    from hf_eagle2 import EagleDraftModel
+    from hf_eagle2.evaluation import bench
+
+    model, assistant = tiny_model("llama", seed=3), tiny_model("llama", seed=4)
+    model.generation_config.eos_token_id = None
+    draft = EagleDraftModel.from_target(model, seed=0)
+    journal = tmp_path / "r.json.journal.jsonl"
+    methods = ["plain", "assisted", "assisted_3", "eagle2"]
+    kwargs = dict(datasets=["mtbench"], methods=methods, limit=2, max_new_tokens=12, threads=1, progress=False,
+                  kernels="stock", assistant=assistant, settings={"model": "tiny"})  # fmt: skip
+    measured = []
+    real_run_one = bench.run_one
+    monkeypatch.setattr(bench, "run_one", lambda model, ids, m, *a, **kw: measured.append(m) or real_run_one(model, ids, m, *a, **kw))
+    first = bench.run_bench(model, _Tok(), draft, journal=str(journal), **kwargs)
+    assert first["all_identical"] and first["results"]["mtbench"]["assisted_3"]["runs"] == 4  # 2 questions x 2 turns
+    assert len(journal.read_text().splitlines()) == 1 + 4
+    lines = journal.read_text().splitlines()
+    journal.write_text("\n".join(lines[:3]) + "\n")  # as if stopped after two prompts
+    measured.clear()
+    again = bench.run_bench(model, _Tok(), draft, journal=str(journal), **kwargs)
+    assert len(measured) == len(methods) * (1 + 2)  # warm-up, then only the two missing prompts
+    for m in methods:
+        a, b = first["results"]["mtbench"][m], again["results"]["mtbench"][m]
+        assert (a["runs"], a["new_tokens"], a["mismatches"]) == (b["runs"], b["new_tokens"], b["mismatches"]), m
+    with pytest.raises(ValueError, match="other settings \\(max_new_tokens\\)"):
+        bench.run_bench(model, _Tok(), draft, journal=str(journal), **(kwargs | {"max_new_tokens": 8}))
+    with pytest.raises(ValueError, match="give --assistant"):
+        bench.run_bench(model, _Tok(), draft, **(kwargs | {"assistant": None}))

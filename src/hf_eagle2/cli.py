@@ -384,11 +384,18 @@ def cmd_bench(args) -> None:
                 json.dump(curve, f, indent=2)
         return
     params = {"m": args.tree_total_tokens, "depth": args.tree_depth, "k": args.tree_top_k, "chain_depth": args.chain_depth}
+    assistant = load_model(args.assistant, dtype=args.dtype)[0] if args.assistant else None
+    journal = args.out + ".journal.jsonl" if args.out else None  # one line per finished prompt: resumable
+    if journal and args.restart and os.path.exists(journal):
+        os.remove(journal)
     results = run_bench(
         model, tokenizer, draft, datasets=args.dataset.split(","), limit=limit,
         **({"methods": args.methods.split(",")} if args.methods else {}),
         max_new_tokens=args.max_new_tokens, tree_params=params, threads=args.threads, second_turn=not args.first_turn_only,
-        kernels=args.kernels, vllm=vllm,
+        kernels=args.kernels, vllm=vllm, assistant=assistant, journal=journal,
+        settings={"model": args.model, "dtype": args.dtype, "draft": source,
+                  "draft_sha256": getattr(draft, "weights_sha256", None), "assistant": args.assistant,
+                  "threads": args.threads},
     )  # fmt: skip
     if args.profile:  # ops and host reads per round, on the first prompt (counted after the timed runs)
         from .evaluation.bench import profile_ops
@@ -711,7 +718,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="EAGLE-3 head that vllm_eagle3 serves (exported in the speculators layout)")
     p.add_argument("--vllm-k", type=int, default=3, help="vllm_eagle3's num_speculative_tokens")
     p.add_argument("--vllm-timeout", type=float, default=600.0, help="seconds for one vLLM request")
-    p.add_argument("--out", default="runs/bench/results.json")
+    p.add_argument("--assistant", default=None,
+                   help="the separate assistant model of the assisted / assisted_<n> methods (transformers' own "
+                        "assisted decoding), e.g. qwen2.5-coder-0.5b for --model qwen2.5-coder-1.5b")
+    p.add_argument("--out", default="runs/bench/results.json",
+                   help="results JSON; OUT.journal.jsonl gets each finished prompt, and a bench run again with the "
+                        "same settings resumes from it")
+    p.add_argument("--restart", action="store_true", help="discard OUT.journal.jsonl and measure every prompt again")
     p.add_argument("--readme", default=None, help="also write the results table into this README (RESULTS markers)")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_bench)

@@ -28,10 +28,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm.auto import tqdm
@@ -60,7 +61,10 @@ TREE_METHODS = {
 FIXED = ("eagle2_fixed", "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither")
 # per-round time split reported by the bench: column -> EagleStats attribute (seconds)
 SPLIT_STATS = {"draft": "draft_model_s", "tree": "tree_build_s", "verify": "verify_s", "bookkeeping": "bookkeeping_s"}
-ALL_METHODS = ("plain", "plain_stock", "prompt_lookup", "assisted_chain", *TREE_METHODS, *VLLM_METHODS)
+ALL_METHODS = ("plain", "plain_stock", "prompt_lookup", "assisted", "assisted_chain", *TREE_METHODS, *VLLM_METHODS)
+# HF's own assisted decoding with a separate small model (--assistant): `assisted` with transformers' defaults,
+# `assisted_<n>` with num_assistant_tokens=n under the constant schedule (each round drafts exactly n)
+ASSISTED_N = re.compile(r"^assisted_(\d+)$")
 DEFAULT_METHODS = ("plain", "plain_stock", "prompt_lookup", "assisted_chain", "eagle2", "eagle2_no_ngram", "eagle2_fixed")
 
 
@@ -92,11 +96,19 @@ class Run:
     spec: dict = field(default_factory=dict)  # vllm_eagle3: vLLM's spec-decode counters for this request
 
 
-def method_kwargs(method: str, draft, tree_params: dict) -> dict:
+def method_kwargs(method: str, draft, tree_params: dict, assistant=None) -> dict:
+    """generate kwargs of a bench method; assistant: the separate assistant model of `assisted` / `assisted_<n>`."""
     if method in ("plain", "plain_stock"):
         return {}
     if method == "prompt_lookup":
         return {"prompt_lookup_num_tokens": 10}
+    if method == "assisted" or ASSISTED_N.match(method):
+        if assistant is None:
+            raise ValueError(f"{method} is transformers' assisted decoding with a separate assistant model: give "
+                             "--assistant (e.g. qwen2.5-coder-0.5b for the 1.5B)")  # fmt: skip
+        n = ASSISTED_N.match(method)
+        return {"assistant_model": assistant} | (
+            {"num_assistant_tokens": int(n.group(1)), "num_assistant_tokens_schedule": "constant"} if n else {})
     if method == "assisted_chain":
         return {"assistant_model": draft, "num_assistant_tokens": tree_params.get("chain_depth", 4)}
     if method in TREE_METHODS:
@@ -110,7 +122,7 @@ def method_kwargs(method: str, draft, tree_params: dict) -> dict:
         return {"assistant_model": draft, **kw}
     if method in VLLM_METHODS:
         return {}  # run by a vLLM worker (run_vllm), not by generate
-    raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
+    raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS} (or assisted_<n>)")
 
 
 _FULL_VOCAB = {}
@@ -123,13 +135,16 @@ def _full_vocab(draft):
     return _FULL_VOCAB[id(draft)]
 
 
-def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=None, kernels="fast") -> tuple[torch.Tensor, Run]:
+def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=None, kernels="fast",
+            assistant=None) -> tuple[torch.Tensor, Run]:  # fmt: skip
     from ..kernels.cpu import optimize_for_cpu
 
-    kwargs = method_kwargs(method, draft, tree_params)
+    kwargs = method_kwargs(method, draft, tree_params, assistant)
     counter = ForwardCounter(model)
     fast = kernels == "fast" and method != "plain_stock"
     optimize_for_cpu(model, enable=fast, release=False)  # the packed weights stay cached across switches
+    if assistant is not None:
+        optimize_for_cpu(assistant, enable=fast, release=False)
     try:
         start = time.perf_counter()
         out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, return_dict_in_generate=True, **kwargs)
@@ -179,8 +194,14 @@ def mark_divergence(run: Run, seq: torch.Tensor, reference: torch.Tensor, prompt
 
 def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT_METHODS, limit=None,
               max_new_tokens=256, tree_params=None, threads=None, progress=True, second_turn=True,
-              kernels="fast", vllm: VllmOptions | None = None) -> dict:  # fmt: skip
-    """Runs the benchmark; returns the results dict (see module doc). `vllm`: how to run the vllm_* methods."""
+              kernels="fast", vllm: VllmOptions | None = None, assistant=None, journal: str | None = None,
+              settings: dict | None = None) -> dict:  # fmt: skip
+    """Runs the benchmark; returns the results dict (see module doc). `vllm`: how to run the vllm_* methods;
+    assistant: the assistant model of `assisted*` methods.
+
+    journal: a JSON-lines file that gets one line per finished prompt (every method's run), so a bench of hours
+    resumes where it stopped: prompts already in it (written with the same `settings`) are not run again, and
+    their runs count in the results as if measured now. Another bench's journal is refused."""
     if threads:
         torch.set_num_threads(threads)
     if kernels not in ("fast", "stock"):
@@ -191,22 +212,56 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
     tree_params = {"m": 16, "depth": 6, "k": 4, "chain_depth": 4} | dict(tree_params or {})
     methods = list(dict.fromkeys(["plain", *methods]))
     for m in methods:
-        method_kwargs(m, draft, tree_params)  # validate names early
+        method_kwargs(m, draft, tree_params, assistant)  # validate names early
     # vLLM workers: started once (tens of seconds each), kept for the whole bench, stopped at its end
     peers = start_peers(methods, vllm or VllmOptions(dtype=str(next(model.parameters()).dtype)), model)
     try:
+        done = Journal(journal, {"datasets": list(datasets), "methods": methods, "limit": limit,
+                                 "max_new_tokens": max_new_tokens, "tree_params": tree_params, "kernels": kernels,
+                                 "second_turn": second_turn} | dict(settings or {}))  # fmt: skip
         return _run_bench(model, tokenizer, draft, datasets, methods, limit, max_new_tokens, tree_params, progress,
-                          second_turn, kernels, peers)  # fmt: skip
+                          second_turn, kernels, peers, assistant, done)  # fmt: skip
     finally:
         close_peers(peers)
 
 
+class Journal:
+    """The finished prompts of one bench (see `run_bench`): {work key: {"runs": {method: Run}, "answer": text}}."""
+
+    def __init__(self, path: str | None, settings: dict):
+        self.path, self.settings, self.done = path, json.loads(json.dumps(settings)), {}
+        if path is None or not os.path.exists(path):
+            return
+        with open(path, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        if lines and lines[0].get("settings") != self.settings:
+            changed = sorted(k for k in set(lines[0].get("settings", {})) | set(self.settings)
+                             if lines[0].get("settings", {}).get(k) != self.settings.get(k))  # fmt: skip
+            raise ValueError(f"{path} journals a bench with other settings ({', '.join(changed)}): run with the same "
+                             "ones to resume it, or delete it (or pass --restart) to measure afresh")  # fmt: skip
+        for line in lines[1:]:
+            self.done[line["key"]] = {"runs": {m: Run(**r) for m, r in line["runs"].items()}, "answer": line["answer"]}
+
+    def record(self, key: str, runs: dict, answer: str | None) -> None:
+        self.done[key] = {"runs": runs, "answer": answer}
+        if self.path is None:
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
+        new = not os.path.exists(self.path)
+        with open(self.path, "a", encoding="utf-8") as f:
+            if new:
+                f.write(json.dumps({"settings": self.settings}) + "\n")
+            f.write(json.dumps({"key": key, "runs": {m: asdict(r) for m, r in runs.items()}, "answer": answer}) + "\n")
+
+
 def _run_bench(model, tokenizer, draft, datasets, methods, limit, max_new_tokens, tree_params, progress, second_turn,
-               kernels, peers) -> dict:  # fmt: skip
+               kernels, peers, assistant=None, journal: Journal | None = None) -> dict:  # fmt: skip
+    journal = journal or Journal(None, {})
+
     def one(m, ids, new_tokens):
         if m in VLLM_METHODS:
             return run_vllm(peers[m], ids, m, new_tokens)
-        return run_one(model, ids, m, draft, tree_params, new_tokens, kernels=kernels)
+        return run_one(model, ids, m, draft, tree_params, new_tokens, kernels=kernels, assistant=assistant)
 
     # warm-up: one short generation per method (the first also measures the kernel crossover and cost curve)
     warm = chat_input_ids(tokenizer, [{"role": "user", "content": "Hello!"}])
@@ -220,8 +275,19 @@ def _run_bench(model, tokenizer, draft, datasets, methods, limit, max_new_tokens
                 work.append((ds, p, 1))
     runs: dict[str, list[Run]] = {}
     first_answers: dict[str, str] = {}
+    resumed = sum(f"{ds}/{p.id}/{turn}" in journal.done for ds, p, turn in work)
+    if resumed:
+        print(f"bench: {resumed} of {len(work)} prompts already measured in {journal.path}: resuming", flush=True)
     bar = tqdm(total=len(work) * len(methods), desc="bench", unit="run", disable=not progress)
     for index, (ds, prompt, turn) in enumerate(work):
+        key = f"{ds}/{prompt.id}/{turn}"
+        if key in journal.done:
+            for m, run in journal.done[key]["runs"].items():
+                runs.setdefault(f"{ds}/{m}", []).append(run)
+            if journal.done[key]["answer"] is not None:
+                first_answers[prompt.id] = journal.done[key]["answer"]
+            bar.update(len(methods))
+            continue
         # MT-bench's second turn is conditioned on the model's own first answer
         messages = follow_up_chat(prompt, first_answers[prompt.id]) if turn == 1 else list(prompt.messages)
         ids = chat_input_ids(tokenizer, messages)
@@ -236,8 +302,10 @@ def _run_bench(model, tokenizer, draft, datasets, methods, limit, max_new_tokens
         for m, run in results.items():
             mark_divergence(run, outputs[m], reference, ids.shape[1])
             runs.setdefault(f"{ds}/{m}", []).append(run)
+        answer = None
         if turn == 0 and prompt.follow_up is not None:
-            first_answers[prompt.id] = tokenizer.decode(reference[0, ids.shape[1] :], skip_special_tokens=True)
+            answer = first_answers[prompt.id] = tokenizer.decode(reference[0, ids.shape[1] :], skip_special_tokens=True)
+        journal.record(key, results, answer)
     bar.close()
     exact = next(model.parameters()).dtype == torch.float32
     results = summarize(runs, datasets, methods, tree_params, max_new_tokens, exact=exact)
