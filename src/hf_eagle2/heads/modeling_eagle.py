@@ -18,6 +18,7 @@ writes a `model.safetensors` the official code reads back.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
@@ -76,6 +77,12 @@ class EagleRMSNorm(LlamaRMSNorm):
         if hidden_states.dtype != self.weight.dtype:
             return super().forward(hidden_states)
         return F.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
+
+
+@functools.lru_cache(maxsize=16)
+def _half_signs(dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(dim,) -1 for the first half, +1 for the second (shared: never written to)."""
+    return torch.cat([torch.full((dim // 2,), -1.0), torch.ones(dim - dim // 2)]).to(dtype=dtype, device=device)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -360,8 +367,7 @@ class EagleDraftModel(PreTrainedModel):
         """(cos, signed sin), each (B, T, D) in `like`'s dtype, of position_ids (B, T): the head's rotary
         embedding as `rotate` applies it (the sine's first half negated)."""
         cos, sin = self.rotary_emb(like, position_ids)
-        half = sin.shape[-1] // 2
-        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        return cos, sin * _half_signs(sin.shape[-1], sin.dtype, sin.device)
 
     # ------------------------------------------------------------------ construction
     @classmethod
