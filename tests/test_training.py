@@ -199,6 +199,27 @@ def test_feature_set_reads_shards_memory_mapped(real_features):
         assert not batch["mask"][row, n:].any()
 
 
+def test_loss_on_all_positions_trains_every_real_token_and_is_part_of_the_run(smollm2, real_features, tmp_path):
+    """loss_positions="all" masks in every real position of a batch (padding stays out), counts them as trained
+    tokens, and a checkpoint of an answers-only run does not resume as an all-positions one."""
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 64)
+    trainer = Trainer(_config(tmp_path, max_steps=1, loss_positions="all"), model, data=data, progress=False)
+    batch = data.batch([0, 1])
+    lengths = data.lengths()[:2].tolist()
+    assert [int(row.sum()) for row in batch["mask"]] == lengths and not batch["mask"][0, lengths[0]:].any()
+    answers = FeatureSet.load([real_features], 64).batch([0, 1])["mask"]
+    assert int(answers.sum()) < sum(lengths)  # the prompts' positions are the difference
+    info = trainer.train_step([0, 1])
+    assert info["tokens"] == sum(lengths) - 2  # every position but each row's last has a next token to predict
+    trainer.save_checkpoint()
+    data.all_positions = False
+    with pytest.raises(ValueError, match="loss_positions"):
+        Trainer(_config(tmp_path, max_steps=2), model, data=data, progress=False).load_checkpoint()
+    with pytest.raises(ValueError, match="loss_positions must be"):
+        _config(tmp_path, loss_positions="prompts")
+
+
 def test_max_prompt_context_keeps_every_answer_position_and_the_prompts_last_positions(real_features):
     """train --max-prompt-context: each row starts at most N positions before its first answer token, so the
     answer positions (every one the loss reads) and their features stay, and only the prompt's head is dropped."""

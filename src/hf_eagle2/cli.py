@@ -268,7 +268,7 @@ def cmd_train(args) -> None:
         seed=args.seed, save_every=args.save_every, eval_every=args.eval_every, max_steps=args.max_steps,
         snapshot_every_tokens=args.snapshot_every_tokens, unroll=args.unroll, head=args.head, autocast=args.autocast,
         init=args.init, lm_head_init=args.lm_head_init, grow_vocab=args.grow_vocab,
-        freeze_lm_head=args.freeze_lm_head,
+        freeze_lm_head=args.freeze_lm_head, loss_positions=args.loss_positions,
     )  # fmt: skip
     trainer = Trainer(config, model)
     print(f"train: {trainer.data.num_sequences} sequences, {trainer.data.num_tokens} tokens, "
@@ -650,6 +650,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "stay fp32)")
     p.add_argument("--unroll", type=int, default=None,
                    help="training-time-test passes on the head's own predictions (default 1; EAGLE-3: 3)")
+    p.add_argument("--loss-positions", choices=["answers", "all"], default="answers",
+                   help="train on the assistant tokens (default) or on every position (user turns too: teacher-"
+                        "forced features hold the target everywhere)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=200)

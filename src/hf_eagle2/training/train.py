@@ -70,10 +70,15 @@ class TrainConfig:
     unroll: int | None = None  # "training-time test" passes on the head's own predictions (see eagle_loss);
     # None: 1 for eagle2, 3 for eagle3 (which needs >= 2: it is fed its own outputs from depth 2 on)
     head: str = "eagle2"  # "eagle2" (EAGLE-1/2 layout) or "eagle3" (needs features extracted with eagle3=True)
+    loss_positions: str = "answers"  # "answers": the assistant tokens (loss mask); "all": every position, user turns
+    # and templates too (teacher-forced data holds the target's features and distribution everywhere: more trained
+    # tokens per extracted one); held-out numbers stay on answers
 
     def __post_init__(self):
         if self.head not in ("eagle2", "eagle3"):
             raise ValueError(f"head must be 'eagle2' or 'eagle3', got {self.head!r}")
+        if self.loss_positions not in ("answers", "all"):
+            raise ValueError(f"loss_positions must be 'answers' or 'all', got {self.loss_positions!r}")
         eagle3 = self.head == "eagle3"
         if self.unroll is None:
             self.unroll = 3 if eagle3 else 1
@@ -123,7 +128,10 @@ class TrainConfig:
 # save_every, may change between sessions)
 RUN_FIELDS = ("data", "head", "init", "draft_vocab_size", "epochs", "lr", "min_lr_ratio", "warmup_steps",
               "batch_tokens", "max_seq_len", "max_prompt_context", "grad_clip", "weight_decay", "ce_weight",
-              "noise_std", "seed", "unroll", "autocast", "lm_head_init", "grow_vocab", "freeze_lm_head")  # fmt: skip
+              "noise_std", "seed", "unroll", "autocast", "lm_head_init", "grow_vocab", "freeze_lm_head",
+              "loss_positions")  # fmt: skip
+# what a checkpoint from before a setting existed was made with
+RUN_DEFAULTS = {"loss_positions": "answers"}
 
 
 @dataclass
@@ -140,6 +148,7 @@ class FeatureSet:
     aux: torch.Tensor | list[torch.Tensor] | None = None
     rows: torch.Tensor | None = None
     max_prompt_context: int | None = None  # the cut `load` applied (None: whole prompts)
+    all_positions: bool = False  # `batch` masks in every real position (TrainConfig.loss_positions="all")
 
     @staticmethod
     def load(folders: list[str], max_seq_len: int, aux: bool = False,
@@ -217,7 +226,7 @@ class FeatureSet:
             a = int(self.offsets[i])
             ids[row, :n] = self.ids[a : a + n]
             feats[row, :n] = self._rows(self.features, i, n).float()
-            mask[row, :n] = self.mask[a : a + n]
+            mask[row, :n] = True if self.all_positions else self.mask[a : a + n]
             if aux is not None:
                 aux[row, :n] = self._rows(self.aux, i, n).float()
         return {"ids": ids, "features": feats, "mask": mask} | ({} if aux is None else {"aux": aux})
@@ -333,6 +342,7 @@ class Trainer:
                              f"was loaded with {data.max_prompt_context}: the cut is made when a set is loaded, so "
                              "pass max_prompt_context to FeatureSet.load as well")  # fmt: skip
         self.data = data or FeatureSet.load(config.data, config.max_seq_len, eagle3, config.max_prompt_context)
+        self.data.all_positions = config.loss_positions == "all"
         # held-out rows keep their whole prompts: the head is measured as generate runs it
         self.val = val_data if val_data is not None else (
             FeatureSet.load(config.val_data, config.max_seq_len, aux=eagle3) if config.val_data else None
@@ -455,6 +465,7 @@ class Trainer:
         now = self._run_identity()
         # checkpoints from before the run identity: their config's RUN_FIELDS (data paths as given then)
         saved = state.get("run") or {k: v for k, v in state.get("config", {}).items() if k in RUN_FIELDS and k != "data"}
+        saved = RUN_DEFAULTS | saved
         changed = setting_changes(saved, now)
         if changed:
             raise ValueError(f"{self.state_path} belongs to another run ({'; '.join(changed)}). Resume with the "
