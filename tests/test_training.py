@@ -220,6 +220,19 @@ def test_loss_on_all_positions_trains_every_real_token_and_is_part_of_the_run(sm
         _config(tmp_path, loss_positions="prompts")
 
 
+def test_a_narrower_head_mlp_is_a_setting_of_the_run(smollm2, real_features, tmp_path):
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 64)
+    trainer = Trainer(_config(tmp_path, max_steps=1, head_intermediate_size=96), model, data=data, progress=False)
+    assert trainer.head.config.intermediate_size == 96 and trainer.head.layers[0].mlp.up_proj.out_features == 96
+    trainer.run(resume=False)
+    with pytest.raises(ValueError, match="head_intermediate_size"):
+        Trainer(_config(tmp_path, max_steps=2), model, data=data, progress=False).load_checkpoint()
+    trainer.save_head(str(tmp_path / "head"))
+    loaded = EagleDraftModel.from_pretrained(str(tmp_path / "head"))
+    assert loaded.config.intermediate_size == 96  # the saved config carries the width
+
+
 def test_max_prompt_context_keeps_every_answer_position_and_the_prompts_last_positions(real_features):
     """train --max-prompt-context: each row starts at most N positions before its first answer token, so the
     answer positions (every one the loss reads) and their features stay, and only the prompt's head is dropped."""

@@ -269,6 +269,7 @@ def cmd_train(args) -> None:
         snapshot_every_tokens=args.snapshot_every_tokens, unroll=args.unroll, head=args.head, autocast=args.autocast,
         init=args.init, lm_head_init=args.lm_head_init, grow_vocab=args.grow_vocab,
         freeze_lm_head=args.freeze_lm_head, loss_positions=args.loss_positions,
+        head_intermediate_size=args.head_intermediate_size,
     )  # fmt: skip
     trainer = Trainer(config, model)
     print(f"train: {trainer.data.num_sequences} sequences, {trainer.data.num_tokens} tokens, "
@@ -297,7 +298,9 @@ def cmd_train_head(args) -> None:
         raise SystemExit("hf-eagle2 train-head: give --recipe and --out (or --list-recipes)")
     recipe = recipes.with_overrides(recipes.get_recipe(args.recipe), max_tokens=args.max_tokens,
                                     max_conversations=args.max_conversations, epochs=args.epochs, dtype=args.dtype,
-                                    kernels=args.kernels, draft_vocab_size=args.draft_vocab_size)
+                                    kernels=args.kernels, draft_vocab_size=args.draft_vocab_size,
+                                    head_intermediate_size=args.head_intermediate_size,
+                                    loss_positions=args.loss_positions)
     hub_name = HUB_NAMES.get(args.target) or (args.target if args.target.count("/") == 1 and not
                                               os.path.exists(args.target) else None)  # fmt: skip
     steps = recipes.plan(recipe, args.target, args.out, threads=args.threads, evaluate=args.eval,
@@ -518,6 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the target's kernels in extraction, in place of the recipe's (fast: optimize_for_cpu)")
     p.add_argument("--draft-vocab-size", type=int, default=None,
                    help="the head's draft vocabulary, in place of the recipe's (0: the full vocabulary)")
+    p.add_argument("--head-intermediate-size", type=int, default=None,
+                   help="the head's MLP width, in place of the target's (a cheaper draft step)")
+    p.add_argument("--loss-positions", choices=["answers", "all"], default=None,
+                   help="train on the assistant tokens (the recipes' choice) or on every position")
     p.add_argument("--eval", action=argparse.BooleanOptionalAction, default=True,
                    help="evaluate the head (eval-head, the recipe's datasets) before the card (default: yes)")
     p.add_argument("--dry-run", action="store_true", help="print the steps and which are done, run nothing")
@@ -650,6 +657,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "stay fp32)")
     p.add_argument("--unroll", type=int, default=None,
                    help="training-time-test passes on the head's own predictions (default 1; EAGLE-3: 3)")
+    p.add_argument("--head-intermediate-size", type=int, default=None,
+                   help="a new head's MLP width (default: the target's); the draft step's cost is mostly its MLP")
     p.add_argument("--loss-positions", choices=["answers", "all"], default="answers",
                    help="train on the assistant tokens (default) or on every position (user turns too: teacher-"
                         "forced features hold the target everywhere)")

@@ -401,13 +401,15 @@ class EagleDraftModel(PreTrainedModel):
         draft_vocab: torch.LongTensor | None = None,
         bias: bool = True,
         seed: int | None = None,
+        **overrides,
     ) -> "EagleDraftModel":
         """A randomly initialised head sized to `target` and bound to it (for tests and training).
 
-        draft_vocab: optional (N,) target token ids the head may propose (reduced draft vocabulary).
+        draft_vocab: optional (N,) target token ids the head may propose (reduced draft vocabulary); overrides:
+        config values in place of the target's (e.g. a narrower `intermediate_size`: a cheaper draft step).
         """
         config = cls.config_for_target(
-            target, bias=bias, draft_vocab_size=None if draft_vocab is None else int(draft_vocab.numel())
+            target, bias=bias, draft_vocab_size=None if draft_vocab is None else int(draft_vocab.numel()), **overrides
         )
         if seed is not None:
             torch.manual_seed(seed)

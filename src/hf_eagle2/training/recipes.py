@@ -68,6 +68,8 @@ class TrainSettings:
     snapshot_every_tokens: int | None = None
     max_steps: int | None = None
     head_dtype: str | None = "float16"  # the saved head's dtype (half the file)
+    head_intermediate_size: int | None = None  # the head's MLP width (None: the target's)
+    loss_positions: str = "answers"  # or "all": every position of teacher-forced data trains
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,8 @@ def get_recipe(name: str) -> Recipe:
 
 def with_overrides(recipe: Recipe, *, max_tokens: int | None = None, max_conversations: int | None = None,
                    epochs: float | None = None, dtype: str | None = None, max_steps: int | None = None,
-                   kernels: str | None = None, draft_vocab_size: int | None = None) -> Recipe:
+                   kernels: str | None = None, draft_vocab_size: int | None = None,
+                   head_intermediate_size: int | None = None, loss_positions: str | None = None) -> Recipe:
     """The recipe with its main knobs replaced (None keeps the recipe's). A token budget or a conversation count
     replaces the recipe's budget of the training folder (both may be given); `dtype` is the target's in extraction,
     and training then autocasts to bf16 exactly when it is bfloat16 (the shipped heads' fp32 stages trained in
@@ -181,6 +184,10 @@ def with_overrides(recipe: Recipe, *, max_tokens: int | None = None, max_convers
         ex = replace(ex, kernels=kernels)
     if draft_vocab_size is not None:
         tr = replace(tr, draft_vocab_size=draft_vocab_size)
+    if head_intermediate_size is not None:
+        tr = replace(tr, head_intermediate_size=head_intermediate_size)
+    if loss_positions is not None:
+        tr = replace(tr, loss_positions=loss_positions)
     if epochs is not None:
         tr = replace(tr, epochs=epochs)
     if max_steps is not None:
@@ -257,8 +264,14 @@ def plan(recipe: Recipe, target: str, out: str, *, threads: int | None = None, e
             "--save-every", str(tr.save_every), "--eval-every", str(tr.eval_every), "--out", f["run"],
             "--head-out", f["head"]]  # fmt: skip
     for flag, value in (("--autocast", tr.autocast), ("--snapshot-every-tokens", tr.snapshot_every_tokens),
-                        ("--max-steps", tr.max_steps), ("--head-dtype", tr.head_dtype)):  # fmt: skip
+                        ("--max-steps", tr.max_steps), ("--head-dtype", tr.head_dtype),
+                        ("--head-intermediate-size", tr.head_intermediate_size)):  # fmt: skip
         argv += [flag, str(value)] if value is not None else []
+    if tr.loss_positions != "answers":
+        argv += ["--loss-positions", tr.loss_positions]
+        config["loss_positions"] = tr.loss_positions
+    if tr.head_intermediate_size is not None:
+        config["head_intermediate_size"] = tr.head_intermediate_size
     train_settings = config | {"model": target, "head_dtype": tr.head_dtype}
     steps.append(Step("train", argv + thread_args, train_settings, f["head"],
                       _bind(training_complete, f["head"], config)))  # fmt: skip
