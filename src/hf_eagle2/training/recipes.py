@@ -180,18 +180,10 @@ def with_overrides(recipe: Recipe, *, max_tokens: int | None = None, max_convers
     if dtype is not None:
         ex = replace(ex, dtype=dtype)
         tr = replace(tr, autocast="bfloat16" if dtype == "bfloat16" else None)
-    if kernels is not None:
-        ex = replace(ex, kernels=kernels)
-    if draft_vocab_size is not None:
-        tr = replace(tr, draft_vocab_size=draft_vocab_size)
-    if head_intermediate_size is not None:
-        tr = replace(tr, head_intermediate_size=head_intermediate_size)
-    if loss_positions is not None:
-        tr = replace(tr, loss_positions=loss_positions)
-    if epochs is not None:
-        tr = replace(tr, epochs=epochs)
-    if max_steps is not None:
-        tr = replace(tr, max_steps=max_steps)
+    given = lambda **values: {k: v for k, v in values.items() if v is not None}  # noqa: E731
+    ex = replace(ex, **given(kernels=kernels))
+    tr = replace(tr, **given(draft_vocab_size=draft_vocab_size, head_intermediate_size=head_intermediate_size,
+                             loss_positions=loss_positions, epochs=epochs, max_steps=max_steps))  # fmt: skip
     return replace(recipe, extract=ex, train=tr)
 
 
