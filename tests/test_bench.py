@@ -104,11 +104,13 @@ def test_bench_profile_reports_ops_and_host_reads_per_round(tmp_path, capsys):
             os.environ.get("HF_EAGLE2_TEST_THREADS", "2")]  # fmt: skip
     assert cli.main(argv) == 0
     profile = json.loads(out.read_text())["profile"]
-    assert set(profile) == {"plain", "eagle2_fixed", "eagle2_accelerator"}
+    assert set(profile) == {"plain", "eagle2_fixed", "eagle2_accelerator", "eagle2_accelerator_compiled"}
     for name, counts in profile.items():
         assert counts["launches"] > 0 and counts["host_reads"] >= 0, name
     assert profile["plain"]["head_ops"] == 0 and profile["eagle2_accelerator"]["head_ops"] > 0
     assert profile["eagle2_accelerator"]["host_reads"] <= 1.0
+    compiled = profile["eagle2_accelerator_compiled"]  # each draft level one compiled call, the rest still eager
+    assert compiled["compiled_calls"] >= 1 and compiled["launches"] < profile["eagle2_accelerator"]["launches"]
     assert "ops per round" in capsys.readouterr().out
 
 

@@ -43,6 +43,7 @@ TREE_FIELDS = {
     "tree_ngram": "ngram",
     "eagle_record_calibration": "record_calibration",
     "eagle_profile": "profile",
+    "tree_compile": "compile",
 }
 DEFAULT_CHAIN_DEPTH = 6
 # the tree options each path reads (None: no tree=, an EAGLE head drafting a chain in the stock assisted loop);

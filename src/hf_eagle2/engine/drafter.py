@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from . import constants
 from .ngram import NgramProposer
-from ..kernels.reserved_cache import KVBuffer
+from ..kernels.reserved_cache import KVBuffer, StaticKV
 from .tree import (
     EAGLE1_TREE,
     DraftTree,
@@ -60,6 +60,7 @@ class TreeOptions:
     ngram: int | None = None  # eagle2: length of the n-gram (prompt lookup) branch merged into the tree; 0 = none
     record_calibration: bool = False
     profile: bool = False
+    compile: bool = False  # eagle2: each draft level is one `torch.compile`d call at static shapes (StaticKV)
 
     def __post_init__(self):
         if self.tree not in TREE_KINDS:
@@ -79,6 +80,9 @@ class TreeOptions:
                 raise ValueError(f"tree_ngram adds a branch to the dynamic tree: it needs tree='eagle2', not {self.tree!r}")
             if self.ngram and not self.rerank:
                 raise ValueError("tree_ngram needs tree_rerank=True: n-gram nodes are ranked against head nodes by value")
+        if self.compile and self.tree != "eagle2":
+            raise ValueError(f"tree_compile compiles the dynamic tree's draft levels: it needs tree='eagle2', not "
+                             f"{self.tree!r}")  # fmt: skip
 
     @property
     def per_round_budget(self) -> bool:
@@ -120,7 +124,7 @@ class EagleDrafter:
         self.context_start = context_start
         self.options = options
         self.budget = budget
-        self.kv = KVBuffer()
+        self.kv = StaticKV() if options.compile else KVBuffer()
         self.ctx_valid: torch.BoolTensor | None = None  # (B, C): False for padding / holes
         self.pending: list[torch.Tensor] = []  # target features (B, T, H) not fed to the head yet
         self.pending_valid: list[torch.BoolTensor | None] = []
@@ -176,8 +180,16 @@ class EagleDrafter:
         causal = cols.unsqueeze(0) <= start + rows.unsqueeze(1)  # (T, C + T)
         itself = cols.unsqueeze(0) == start + rows.unsqueeze(1)  # holes attend to themselves only, never NaN
         mask = ((causal.unsqueeze(0) & ctx_valid.unsqueeze(1)) | itself).unsqueeze(1)  # (B, 1, T, C + T)
+        if isinstance(self.kv, StaticKV):  # room for the context and the round's tree; the mask spans it all
+            config = self.draft.config
+            like = features.new_empty(bsz, config.num_key_value_heads, 0, config.head_dim, dtype=self.draft.fc.weight.dtype)
+            self.kv.ensure(like, start + num_new + self.options.depth * self.options.top_k)
+            mask = F.pad(mask, (0, self.kv.keys.shape[2] - mask.shape[-1]))
+            self.kv.write_pos = constants.arange(start + num_new, device)[start:]
         with self._timed():
             hidden, _ = self.draft(tokens, features.to(self.draft.fc.weight.dtype), pos, mask, self.kv)
+        if isinstance(self.kv, StaticKV):
+            self.kv.length = start + num_new
         self.ctx_valid = ctx_valid
         return hidden[:, -1]
 
@@ -196,15 +208,25 @@ class EagleDrafter:
         root_pos = positions[:, -1]  # (B,)
         context = self.fed
         ctx_valid = self.ctx_valid
-        # the rotary (cos, sin) of every level's position, once for the round: (B, max_depth, D) each
-        level_pos = root_pos.unsqueeze(1) + constants.arange(max(1, max_depth), root_pos.device)
+        # the rotary (cos, sin) of every level's position, once for the round: (B, L, D) each (compiled steps read
+        # views of it, so L stays the same every round: the tree's depth; eagle2 never drafts deeper)
+        levels = opts.depth if opts.compile else max(1, max_depth)
+        level_pos = root_pos.unsqueeze(1) + constants.arange(levels, root_pos.device)
         cos, sin = self.draft.rotary(root_hidden, level_pos)
 
         def draft_step(tokens, parent_hidden, depth, anc):  # anc: (B, num, context + tree slots fed)
-            mask = anc.unsqueeze(1)
             cos_sin = (cos[:, depth - 1 : depth], sin[:, depth - 1 : depth])  # node positions: root_pos + depth - 1
+            if isinstance(self.kv, StaticKV):  # static shapes: the mask spans the buffers, writes at tensor slots
+                slots, capacity = anc.shape[-1], self.kv.keys.shape[2]
+                mask = F.pad(anc, (0, capacity - slots)).unsqueeze(1)
+                write_pos = constants.arange(capacity, anc.device)[slots - tokens.shape[1] : slots]
+                # level 1's parents are the root's output broadcast: materialised, every level passes the same strides
+                parent_hidden = parent_hidden.contiguous()
+                with self._timed(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                    return compiled_level_step(anc.device.type)(self.draft, tokens, parent_hidden, *cos_sin, mask,
+                                                                self.kv.keys, self.kv.values, write_pos)  # fmt: skip
             with self._timed():
-                hidden, _ = self.draft(tokens, parent_hidden, None, mask, self.kv, cos_sin=cos_sin)
+                hidden, _ = self.draft(tokens, parent_hidden, None, anc.unsqueeze(1), self.kv, cos_sin=cos_sin)
             return hidden
 
         root_tokens = input_ids[:, -1]
@@ -251,3 +273,22 @@ class EagleDrafter:
     def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         with self._timed():
             return F.log_softmax(self.draft.draft_logits(hidden).float(), dim=-1)
+
+
+def _level_step(head, tokens, hidden, cos, sin, mask, keys, values, write_pos) -> torch.Tensor:
+    """One draft level at static shapes, the body `tree_compile` compiles: head(tokens (B, k), hidden (B, k, H))
+    over the whole `StaticKV` buffers keys / values (B, H_kv, capacity, D) under mask (B, 1, k, capacity), writing
+    its own entries at write_pos (k,). Returns (B, k, H)."""
+    return head(tokens, hidden, None, mask, StaticKV.over(keys, values, write_pos), cos_sin=(cos, sin))[0]
+
+
+# graphs one process may compile for the level step: one per (head shape, batch, k, capacity step), where
+# capacities double; dynamo's default of 8 would make a fullgraph step fail on the ninth instead of compiling it
+RECOMPILE_LIMIT = 64
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_level_step(device_type: str):
+    """`_level_step` compiled once per process and device type (fullgraph, static shapes; CUDA graphs on CUDA)."""
+    return torch.compile(_level_step, fullgraph=True, dynamic=False,
+                         mode="reduce-overhead" if device_type == "cuda" else None)  # fmt: skip

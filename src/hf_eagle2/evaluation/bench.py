@@ -551,20 +551,22 @@ def profile_ops(model, draft, ids, methods, tree_params: dict, kernels: str = "f
     out = {"plain": count_round_ops(model, ids, short=8, long=24).as_dict()}
     rows = {m: method_kwargs(m, draft, tree_params) for m in methods if m in TREE_METHODS}
     rows["eagle2_accelerator"] = {"assistant_model": draft, **ACCELERATOR_ROUND}
+    rows["eagle2_accelerator_compiled"] = {"assistant_model": draft, **ACCELERATOR_ROUND, "tree_compile": True}
     for name, kwargs in rows.items():
         out[name] = count_round_ops(model, ids, short=16, long=64, **kwargs).as_dict()
     return out
 
 
 def profile_markdown(profile: dict) -> str:
-    lines = ["| method | unit | aten ops | kernel launches (views excluded) | in the head's forward | host reads |",
-             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| method | unit | aten ops | kernel launches (views excluded) | in the head's forward | compiled calls "
+             "| host reads |", "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, c in profile.items():
         unit = "token" if name == "plain" else "round"
         lines.append(f"| {name} | {unit} | {c['ops']:.0f} | {c['launches']:.0f} | {c['head_ops']:.0f} | "
-                     f"{c['host_reads']:.2f} |")  # fmt: skip
+                     f"{c.get('compiled_calls', 0):.0f} | {c['host_reads']:.2f} |")  # fmt: skip
     return "\n".join(lines) + ("\n\nPer unit of work outside the target's forward, greedy; `eagle2_accelerator`: "
-                               "m=60, depth 6, k=10, no n-gram branch.\n")
+                               "m=60, depth 6, k=10, no n-gram branch; `_compiled`: with `tree_compile=True` (each "
+                               "draft level one compiled call, its ops not counted).\n")
 
 
 def cost_curve(model, draft, top_k: int = 4, points=(1, 2, 4, 8, 16, 32, 64)) -> dict:

@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from ..engine import drafter
 
 HOST_READ_OPS = {"aten.item.default", "aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.nonzero.default"}
 METADATA_OPS = {"aten.detach.default", "aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default",
@@ -32,6 +34,7 @@ class OpCounts:
     head_ops: float = 0
     target_ops: float = 0
     host_reads: float = 0
+    compiled_calls: float = 0  # `tree_compile`'s draft levels: one compiled call each (their ops are not counted)
 
     def minus(self, other: "OpCounts", per: float = 1.0) -> "OpCounts":
         return OpCounts(**{k: (v - getattr(other, k)) / per for k, v in asdict(self).items()})
@@ -74,6 +77,19 @@ class OpCounter(TorchDispatchMode):
     def __enter__(self):
         self._tolist = torch.Tensor.tolist
         counter = self
+        self._compiled = drafter.compiled_level_step
+
+        def compiled_level_step(device_type):  # a compiled call runs outside the mode (dynamo skips frames under
+            step = counter._compiled(device_type)  # one) and counts as one call
+
+            def call(*args):
+                counter.counts.compiled_calls += 1
+                with _disable_current_modes():
+                    return step(*args)
+
+            return call
+
+        drafter.compiled_level_step = compiled_level_step
 
         def tolist(tensor, *args, **kwargs):  # reads the device without an aten op on CPU tensors
             counter.counts.host_reads += 1
@@ -84,6 +100,7 @@ class OpCounter(TorchDispatchMode):
 
     def __exit__(self, *exc):
         torch.Tensor.tolist = self._tolist
+        drafter.compiled_level_step = self._compiled
         for hook in self._hooks:
             hook.remove()
         return super().__exit__(*exc)

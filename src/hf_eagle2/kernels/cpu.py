@@ -91,9 +91,10 @@ def packed_linear(
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) through oneDNN when x has >= min_rows rows and the fast path applies.
 
-    x: (..., K), weight: (N, K) -> (..., N)."""
+    x: (..., K), weight: (N, K) -> (..., N). Under `torch.compile` it is F.linear (the compiler picks the kernel)."""
     if (
-        x.numel() < min_rows * x.shape[-1]
+        torch.compiler.is_compiling()
+        or x.numel() < min_rows * x.shape[-1]
         or x.device.type != "cpu"
         or x.dtype != weight.dtype
         or not packable(weight.dtype)

@@ -70,6 +70,44 @@ class KVBuffer:
         self.values = self.values.index_select(0, indices.to(self.values.device))
 
 
+class StaticKV(KVBuffer):
+    """A `KVBuffer` of fixed capacity for compiled draft steps: (B, H_kv, capacity, D) buffers that a step writes
+    at the tensor positions `write_pos` (T,) and attends over whole (its mask hides what is not its context), so
+    every shape and every Python value a compiled step sees stays the same from round to round. `length` (the
+    context slots) is kept by the caller, outside compiled code; `ensure` doubles the capacity from `reserve` (a new
+    shape: one recompilation per doubling, not per round)."""
+
+    @classmethod
+    def over(cls, keys: torch.Tensor, values: torch.Tensor, write_pos: torch.LongTensor) -> "StaticKV":
+        """A view of given buffers (inside a compiled step: built from its tensor arguments)."""
+        kv = cls.__new__(cls)
+        kv.keys, kv.values, kv.write_pos, kv.length, kv.reserve = keys, values, write_pos, 0, DEFAULT_RESERVE
+        return kv
+
+    def ensure(self, like: torch.Tensor, slots: int) -> None:
+        """Capacity for `slots` positions (like: (B, H_kv, *, D) entries of the right rows, dtype and device)."""
+        if self.keys is not None and slots <= self.keys.shape[2]:
+            return
+        capacity = self.reserve if self.keys is None else self.keys.shape[2]
+        while capacity < slots:
+            capacity *= 2
+        keys = like.new_zeros(*like.shape[:2], capacity, like.shape[3])
+        values = like.new_zeros(*like.shape[:2], capacity, like.shape[3])
+        if self.keys is not None:
+            keys[:, :, : self.keys.shape[2]] = self.keys
+            values[:, :, : self.values.shape[2]] = self.values
+        self.keys, self.values = keys, values
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes (B, H_kv, T, D) entries at `write_pos` (T,); returns the whole buffers."""
+        self.keys.index_copy_(2, self.write_pos, keys)
+        self.values.index_copy_(2, self.write_pos, values)
+        return self.keys, self.values
+
+    def views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys, self.values
+
+
 class KVStore:
     """One tensor (L, 2, B, H_kv, capacity, D) holding the keys and values of L layers, so that an operation on
     every layer's entries (pruning a tree pass: `move`) is one kernel, not two per layer. Created by the first
