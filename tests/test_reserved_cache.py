@@ -126,5 +126,11 @@ def test_a_stacked_cache_prunes_all_layers_in_one_move_like_per_layer_gathers():
     assert isinstance(store, KVStore) and store.num_layers == len(plain.layers)
     for ours, theirs in zip(stacked.layers, plain.layers):
         assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
-    stacked.layers[0].batch_select_indices(torch.tensor([1]))  # a layer that leaves the store ends the shared move
-    assert shared_store(stacked) is None
+    stacked.batch_select_indices(torch.tensor([1])), plain.batch_select_indices(torch.tensor([1]))
+    assert shared_store(stacked) is None  # layers that left the store end the shared move: each prunes alone
+    for index in range(len(plain.layers)):
+        k, v = kv(1, 4, seed=90 + index)
+        stacked.update(k, v, index), plain.update(k, v, index)
+    prune_tree_cache(stacked, torch.tensor([[0, 3]]), 4), prune_tree_cache(plain, torch.tensor([[0, 3]]), 4)
+    for ours, theirs in zip(stacked.layers, plain.layers):
+        assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)

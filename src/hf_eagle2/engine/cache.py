@@ -70,7 +70,8 @@ def prune_tree_cache(
         compact = holes is not None and bool((holes > 0).any())
     index = {}  # (start, device) -> (B, 1, n_keep, 1) gather index: built once, not once per layer
     store = shared_store(cache)  # layers whose entries live in one tensor: all moved by one gather
-    in_store = {id(layer) for layer in cache.layers if getattr(getattr(layer, "buffer", None), "store", 0) is store}
+    in_store = set() if store is None else {id(layer) for layer in cache.layers
+                                            if getattr(getattr(layer, "buffer", None), "store", None) is store}
     if store is not None and not identity:
         length = next(layer for layer in cache.layers if id(layer) in in_store).buffer.length
         store.move(length - num_tree, keep.to(store.data.device))

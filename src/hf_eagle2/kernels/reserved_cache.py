@@ -150,17 +150,15 @@ class StackedBuffer(KVBuffer):
 
     @property
     def stacked(self) -> bool:
-        return self.store is not None and self.store.data is not None and self.keys is self._store_view(0)
-
-    def _store_view(self, which: int) -> torch.Tensor | None:
-        return getattr(self, "_views", (None, None))[which]
+        """Whether this layer's buffers are (still) its slice of the store's current tensor."""
+        data = None if self.store is None else self.store.data
+        return data is not None and self.keys is not None and self.keys.data_ptr() == data[self.index, 0].data_ptr()
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.length + keys.shape[2]
         if self.store is not None and self.store.fits(keys):
             self.store.grow(keys, end)
-            self._views = (self.store.data[self.index, 0], self.store.data[self.index, 1])
-            self.keys, self.values = self._views
+            self.keys, self.values = self.store.data[self.index, 0], self.store.data[self.index, 1]
         elif self.store is not None:  # another shape than the store's: this layer keeps its own buffers
             self.store = None
         return super().append(keys, values)
