@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import emulate_bf16
 
 from hf_eagle2.kernels.cpu import fast_path_available, is_optimized, optimize_for_cpu
@@ -263,6 +264,43 @@ def test_a_preloaded_feature_set_with_a_prompt_cut_in_the_config_is_refused(smol
             Trainer(_config(tmp_path, max_prompt_context=setting), model, data=data, progress=False)
     trainer = Trainer(_config(tmp_path, max_prompt_context=4), model, data=cut, progress=False)  # the same cut
     assert trainer.data is cut
+
+
+def test_held_out_agreement_counts_the_targets_greedy_token_over_its_full_vocabulary(smollm2, real_features, tmp_path):
+    """evaluate()'s val_agree: per pass, the share of answer positions where the head's top draft token (as a
+    target id) is the target's argmax over its whole lm_head. Checked against a direct count, and bounded by the
+    draft vocabulary's coverage of the target's choices (what `acc`, counted within the draft vocabulary, hides)."""
+    model, _ = smollm2
+    data, val = FeatureSet.load([real_features], 64), FeatureSet.load([real_features], 64)
+    weight = model.get_output_embeddings().weight.detach().float()
+    for vocab in (2048, 16):
+        trainer = Trainer(_config(tmp_path / str(vocab), draft_vocab_size=vocab), model, data=data, val_data=val,
+                          progress=False)  # fmt: skip
+        assert val.target_top is not None
+        exact = torch.cat([F.linear(val._rows(val.features, i, n).float(), weight).argmax(-1)
+                           for i, n in enumerate(val.lengths().tolist())])  # fmt: skip
+        assert (val.target_top == exact).float().mean() > 0.98  # bf16 scoring: near-ties may flip
+        out = trainer.evaluate(passes=2)
+        assert len(out["val_agree"]) == 2
+        batch = val.batch(list(range(val.num_sequences)))
+        ids, feats, sel = batch["ids"], batch["features"], batch["mask"][:, 1:]
+        positions = torch.arange(ids.shape[1] - 1).expand(ids.shape[0], -1)
+        with torch.no_grad():
+            pred, _ = trainer.head(None, feats[:, :-1], positions, inputs_embeds=trainer.head.embed(ids[:, 1:]))
+            best = trainer.head.to_target_ids(F.linear(pred, trainer.lm_weight).argmax(-1))
+        top = batch["top"][:, 1:]
+        direct = (best == top)[sel].float().mean().item()
+        assert abs(out["val_agree"][0] - direct) < 1e-4, (out, direct)
+        covered = torch.isin(top[sel], trainer.head.to_target_ids(torch.arange(vocab))).float().mean().item()
+        assert out["val_agree"][0] <= covered + 1e-6
+    assert covered < 0.9 and out["val_agree"][0] < out["val_acc"]  # 16 tokens: most target choices lie outside
+    cached = FeatureSet.load([real_features], 64)
+    cached.attach_target_top(weight, cache_folder=str(tmp_path))  # computed and kept
+    (kept,) = tmp_path.glob("target_top.*.pt")
+    torch.save(torch.zeros_like(val.target_top), kept)  # a kept file is read back, not recomputed
+    again = FeatureSet.load([real_features], 64)
+    again.attach_target_top(weight, cache_folder=str(tmp_path))
+    assert torch.equal(cached.target_top, val.target_top) and not again.target_top.any()
 
 
 def _config(out, **kw):

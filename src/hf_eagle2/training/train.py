@@ -154,6 +154,7 @@ class FeatureSet:
     rows: torch.Tensor | None = None
     max_prompt_context: int | None = None  # the cut `load` applied (None: whole prompts)
     all_positions: bool = False  # `batch` masks in every real position (TrainConfig.loss_positions="all")
+    target_top: torch.Tensor | None = None  # (N,) the target's greedy token after each row (`attach_target_top`)
 
     @staticmethod
     def load(folders: list[str], max_seq_len: int, aux: bool = False,
@@ -217,9 +218,35 @@ class FeatureSet:
         shard, a = self.rows[i].tolist()
         return source[shard][a : a + n]
 
+    @torch.no_grad()
+    def attach_target_top(self, lm_head: torch.Tensor, chunk: int = 2048, cache_folder: str | None = None) -> None:
+        """`target_top`: the argmax of the target's whole lm_head (V, H) over each stored feature row, i.e. the
+        target's greedy choice there, in bf16 (ties within bf16 rounding may flip). `batch` then carries it as
+        `top` (B, T), and held-out accuracy can be counted against the target's full vocabulary, so heads of
+        different draft vocabularies compare fairly (a token outside a draft vocabulary is a miss).
+        cache_folder: keep the result there, named by the lm_head's and the rows' digests (a 1.5B's 150k-row
+        lm_head over 40k held-out rows takes minutes on a CPU)."""
+        weight = lm_head.detach().to(torch.bfloat16)
+        path = None
+        if cache_folder is not None:
+            digest = hashlib.sha1(weight.view(torch.int16).numpy().tobytes())
+            digest.update(self.ids.numpy().tobytes())
+            path = os.path.join(cache_folder, f"target_top.{digest.hexdigest()[:16]}.pt")
+            if os.path.isfile(path):
+                self.target_top = torch.load(path)
+                return
+        tops = []
+        for i in range(self.num_sequences):
+            rows = self._rows(self.features, i, int(self.offsets[i + 1] - self.offsets[i]))
+            tops += [F.linear(rows[a : a + chunk].to(weight), weight).argmax(-1) for a in range(0, len(rows), chunk)]
+        self.target_top = torch.cat(tops)
+        if path is not None:
+            torch.save(self.target_top, path + ".tmp")
+            os.replace(path + ".tmp", path)
+
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        """Right-padded batch of sequences: ids (B, T), features (B, T, H) float, mask (B, T), and with aux
-        features aux (B, T, 3H) float."""
+        """Right-padded batch of sequences: ids (B, T), features (B, T, H) float, mask (B, T), with aux
+        features aux (B, T, 3H) float, and with `target_top` top (B, T)."""
         lengths = [int(self.offsets[i + 1] - self.offsets[i]) for i in indices]
         width = max(lengths)
         hidden = self._rows(self.features, indices[0], 1).shape[-1]
@@ -227,14 +254,18 @@ class FeatureSet:
         feats = torch.zeros(len(indices), width, hidden)
         aux = None if self.aux is None else torch.zeros(len(indices), width, self._rows(self.aux, indices[0], 1).shape[-1])
         mask = torch.zeros(len(indices), width, dtype=torch.bool)
+        top = None if self.target_top is None else torch.zeros(len(indices), width, dtype=torch.long)
         for row, (i, n) in enumerate(zip(indices, lengths)):
             a = int(self.offsets[i])
             ids[row, :n] = self.ids[a : a + n]
+            if top is not None:
+                top[row, :n] = self.target_top[a : a + n]
             feats[row, :n] = self._rows(self.features, i, n).float()
             mask[row, :n] = True if self.all_positions else self.mask[a : a + n]
             if aux is not None:
                 aux[row, :n] = self._rows(self.aux, i, n).float()
-        return {"ids": ids, "features": feats, "mask": mask} | ({} if aux is None else {"aux": aux})
+        out = {"ids": ids, "features": feats, "mask": mask}
+        return out | ({} if aux is None else {"aux": aux}) | ({} if top is None else {"top": top})
 
 
 def token_frequencies(data: FeatureSet, vocab_size: int) -> torch.Tensor:
@@ -264,13 +295,20 @@ def epoch_batches(lengths: torch.Tensor, batch_tokens: int, seed: int, epoch: in
 
 
 def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, noise_std: float, ce_weight: float,
-               generator: torch.Generator | None = None, unroll: int = 1) -> tuple[torch.Tensor, dict]:  # fmt: skip
+               generator: torch.Generator | None = None, unroll: int = 1,
+               measure_passes: int = 0) -> tuple[torch.Tensor, dict]:  # fmt: skip
     """EAGLE loss on a right-padded batch; lm_weight: (N, H) target lm_head rows of the draft vocabulary.
 
     unroll > 1 adds "training-time test" passes (as in EAGLE-3 / HASS): pass s feeds the head its own
     prediction from pass s-1 at the previous position, attending to the true pairs before it, to its own earlier
     drafted positions and to itself, exactly as tree depth s does at inference. The loss averages the passes;
     `acc` is reported for pass 1 (depth 1), `acc_deep` for the last pass.
+
+    measure_passes > unroll runs the extra passes for their numbers only (no loss; call it under no_grad), so
+    heads trained with and without training-time test are measured alike. With the batch's `top` (the target's
+    greedy token over its whole vocabulary, `FeatureSet.attach_target_top`), `agree` lists per pass the share of
+    positions where the head's top draft token is the target's greedy one: `acc` counts within the draft
+    vocabulary, `agree` against the full one, the number that compares heads of different draft vocabularies.
 
     EAGLE-3 heads (`Eagle3DraftModel`): pass 1 reads `head.project_features` of the batch's `aux` features,
     the draft distribution is the head's own (`draft_logits`), the loss is the CE term alone and pass s weighs
@@ -300,9 +338,10 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
     with torch.no_grad(), torch.autocast(device.type, enabled=False):  # the soft labels stay fp32 under autocast
         target_p = F.softmax(F.linear(target_sel, lm_weight), dim=-1)
     i = torch.arange(steps, device=device)
-    past, total, infos = None, 0.0, []
+    past, total, infos, agree = None, 0.0, [], []
     weights = [0.8 ** (s - 1) if eagle3 else 1.0 for s in range(1, unroll + 1)]
-    for s in range(1, unroll + 1):
+    top = batch["top"].to(device)[:, 1:] if "top" in batch else None
+    for s in range(1, max(unroll, measure_passes) + 1):
         if s == 1:
             pred, kv = head(None, inputs, positions, inputs_embeds=embeds)
         else:
@@ -319,14 +358,22 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
         logq = F.log_softmax(draft_logits(pred_sel), dim=-1)
         p = target_p if s == 1 else target_p[(i >= s - 1).expand(bsz, steps)[sel]]  # pass_sel's rows of target_p
         ce = -(p * logq).sum(-1).mean()
-        total = total + weights[s - 1] * (ce if eagle3 else feature_loss + ce_weight * ce)
+        if s <= unroll:
+            total = total + weights[s - 1] * (ce if eagle3 else feature_loss + ce_weight * ce)
         with torch.no_grad():
-            infos.append((feature_loss.item(), ce.item(), (logq.argmax(-1) == p.argmax(-1)).float().mean().item()))
+            best = logq.argmax(-1)
+            infos.append((feature_loss.item(), ce.item(), (best == p.argmax(-1)).float().mean().item()))
+            if top is not None:
+                agree.append((head.to_target_ids(best) == top[pass_sel]).float().mean().item())
     loss = total / sum(weights)
     info = {"loss": loss.item(), "feature_loss": infos[0][0], "ce": infos[0][1], "acc": infos[0][2],
             "tokens": int(sel.sum())}  # fmt: skip
     if unroll > 1:
-        info["acc_deep"] = infos[-1][2]
+        info["acc_deep"] = infos[unroll - 1][2]
+    if len(infos) > 1:
+        info["acc_passes"] = [i[2] for i in infos]
+    if agree:
+        info["agree"] = agree
     return loss, info
 
 
@@ -352,6 +399,9 @@ class Trainer:
         self.val = val_data if val_data is not None else (
             FeatureSet.load(config.val_data, config.max_seq_len, aux=eagle3) if config.val_data else None
         )  # fmt: skip
+        if self.val is not None and self.val.target_top is None:
+            folder = config.val_data[0] if len(config.val_data) == 1 and val_data is None else None
+            self.val.attach_target_top(target_model.get_output_embeddings().weight, cache_folder=folder)
         vocab = target_model.config.get_text_config().vocab_size
         self.state_path = os.path.join(config.out, "checkpoint.pt")
         torch.manual_seed(config.seed)
@@ -488,20 +538,27 @@ class Trainer:
         return True
 
     @torch.no_grad()
-    def evaluate(self, max_batches: int = 20) -> dict:
+    def evaluate(self, max_batches: int = 20, passes: int = 2) -> dict:
+        """Held-out loss and accuracy (as trained), and `val_agree`: per pass 1..`passes` (depth 1, then the head
+        on its own features), the share of answer positions where its top token is the target's greedy token
+        over the full vocabulary (`eagle_loss`), the number that compares heads of any draft vocabulary, MLP
+        width or training-time test."""
         if self.val is None:
             return {}
         self.head.eval()
         sums = {"loss": 0.0, "feature_loss": 0.0, "ce": 0.0, "acc": 0.0}
+        agree = [0.0] * max(passes, self.config.unroll)
         total = 0
         for indices in epoch_batches(self.val.lengths(), self.config.batch_tokens, 0, 0)[:max_batches]:
             _, info = eagle_loss(self.head, self.lm_weight, self.val.batch(indices), 0.0, self.config.ce_weight,
-                                 unroll=self.config.unroll)  # fmt: skip
+                                 unroll=self.config.unroll, measure_passes=passes)  # fmt: skip
             for k in sums:
                 sums[k] += info[k] * info["tokens"]
+            agree = [a + x * info["tokens"] for a, x in zip(agree, info["agree"])]
             total += info["tokens"]
         self.head.train()
-        return {f"val_{k}": v / max(total, 1) for k, v in sums.items()}
+        out = {f"val_{k}": v / max(total, 1) for k, v in sums.items()}
+        return out | {"val_agree": [round(a / max(total, 1), 5) for a in agree]}
 
     def train_step(self, indices: list[int]) -> dict:
         c = self.config
