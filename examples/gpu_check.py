@@ -11,7 +11,8 @@ Random weights leave drafts nearly always rejected, so this reports costs per ph
 * `round_ops`: aten ops, kernel launches and host reads per round outside the target's forward (`opcount`);
 * `host_syncs`: synchronizing CUDA calls per round (`torch.cuda.set_sync_debug_mode("warn")`), null on a CPU;
 * `identity`: fp32 greedy eagle2 output == plain greedy `generate` on a small random Llama, per setting;
-* `*_compiled`: the accelerator round again with `tree_compile=True` (each draft level one compiled call);
+* `*_compiled`: the accelerator round again with `tree_compile=True` over a static cache (each draft level one
+  compiled call, and the verify pass one: `engine/verify_compiled.py`);
 * `env`: versions, device, CUDA, torch.compile. Expected to take 2-4 minutes on one H100 (not yet run on a GPU).
 
 `--smoke` runs the same on tiny shapes on the CPU in well under a minute (tests/test_gpu_check.py); without a GPU
@@ -44,7 +45,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import hf_eagle2
 from hf_eagle2.engine.budget import measure_cost
 from hf_eagle2.engine.drafter import TreeOptions
-from hf_eagle2.evaluation.bench import ACCELERATOR_ROUND, machine_meta
+from hf_eagle2.evaluation.bench import ACCELERATOR_ROUND, COMPILED_ROUND, machine_meta
 from hf_eagle2.evaluation.opcount import count_round_ops
 
 LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -66,9 +67,9 @@ NOTES = {
     "host_syncs": "synchronizing CUDA calls per round under set_sync_debug_mode('warn'), greedy; null on a CPU",
     "compiled": "round_split / round_ops / identity `*_compiled`: the accelerator round with tree_compile=True, each draft "
                 "level one torch.compile'd call (fullgraph, static shapes; CUDA graphs via mode='reduce-overhead' on "
-                "CUDA); the verify forward stays eager (not compiled yet)",
+                "CUDA) and, over a static cache (cache_implementation='static', max_cache_len=1024), the verify "
+                "pass one more: the model's get_compiled_call, the tree padded to 64 nodes",
 }  # fmt: skip
-COMPILED_ROUND = dict(ACCELERATOR_ROUND, tree_compile=True)
 
 
 def log(message: str) -> None:

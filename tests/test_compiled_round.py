@@ -20,7 +20,7 @@ def compiled_state() -> tuple[int, int]:
     return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
-def check_compiled_rounds(model, draft, ids, monkeypatch, new_tokens: int, **tree) -> None:
+def check_compiled_rounds(model, draft, ids, monkeypatch, new_tokens: int, verify: bool = False, **tree) -> None:
     calls = []
     real = drafter.compiled_level_step
     monkeypatch.setattr(drafter, "compiled_level_step", lambda device: lambda *a: calls.append(1) or real(device)(*a))
@@ -33,6 +33,9 @@ def check_compiled_rounds(model, draft, ids, monkeypatch, new_tokens: int, **tre
     assert len(calls) - levels_before >= out.eagle_stats.rounds  # the levels ran compiled
     assert compiled_state() == before, "recompiled or broke a graph after warm-up"
     assert torch.equal(out.sequences, plain.sequences)
+    # the verify pass runs compiled exactly over a static cache with room for the padded tree
+    assert out.eagle_stats.verify_compiled == (out.eagle_stats.rounds if verify else 0)
+    assert int(out.cache.get_seq_length()) == out.sequences.shape[1] - 1  # all but the last token, once each
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
@@ -41,6 +44,47 @@ def test_compiled_draft_levels_on_tiny_models(family, monkeypatch):
     draft = EagleDraftModel.from_target(model, seed=0)
     check_compiled_rounds(model, draft, torch.tensor([[5, 9, 3, 7, 11, 4, 6]]), monkeypatch, new_tokens=80,
                           tree_total_tokens=12, tree_depth=4, tree_top_k=4, tree_ngram=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_compiled_verify_over_a_static_cache(family, monkeypatch):
+    """cache_implementation="static" (sized with max_cache_len to hold the last round's padded tree): each round's
+    verify pass is one compiled call of the model (`get_compiled_call`), the tree padded to a bucket of 16 nodes."""
+    model = tiny_model(family, seed=3)
+    draft = EagleDraftModel.from_target(model, seed=0)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 4, 6]])
+    check_compiled_rounds(model, draft, ids, monkeypatch, new_tokens=80, verify=True, tree_total_tokens=12,
+                          tree_depth=4, tree_top_k=4, tree_ngram=0, cache_implementation="static",
+                          max_cache_len=ids.shape[1] + 80 + 16)  # fmt: skip
+
+
+def test_only_full_attention_static_caches_compile_the_verify_pass():
+    """Sliding static layers (Gemma3) keep a Python-int length the compiler would specialise on every round, and
+    dynamic caches grow: the verify pass stays eager there (the draft levels still compile)."""
+    from transformers.cache_utils import DynamicCache, StaticCache
+
+    from hf_eagle2.engine.verify_compiled import compiles_verify
+
+    llama, gemma3 = tiny_model("llama", seed=3), tiny_model("gemma3", seed=3)
+    assert compiles_verify(StaticCache(config=llama.config, max_cache_len=64))
+    assert not compiles_verify(StaticCache(config=gemma3.config, max_cache_len=64))
+    assert not compiles_verify(DynamicCache(config=llama.config)) and not compiles_verify(None)
+
+
+def test_padding_nodes_see_only_themselves_and_no_real_node_sees_them():
+    from hf_eagle2.engine.tree import DraftTree
+    from hf_eagle2.engine.verify_compiled import bucket, pad_tree
+
+    anc = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)
+    tree = DraftTree(tokens=torch.tensor([[4, 8, 9]]), parents=torch.tensor([[-1, 0, 0]]),
+                     depths=torch.tensor([[0, 1, 1]]), ancestors=anc, scores=torch.zeros(1, 3),
+                     local_logp=torch.zeros(1, 3))  # fmt: skip
+    padded = pad_tree(tree, bucket(3))
+    assert padded.num_nodes == 16 and torch.equal(padded.ancestors[:, :3, :3], anc)
+    assert not padded.ancestors[:, :3, 3:].any() and not padded.ancestors[:, 3:, :3].any()
+    assert torch.equal(padded.ancestors[0, 3:, 3:], torch.eye(13, dtype=torch.bool))
+    assert padded.depths[0, 3:].eq(0).all() and padded.parents[0, 3:].eq(-1).all()
+    assert bucket(16) == 16 and bucket(17) == 32 and bucket(10**6) is None
 
 
 @pytest.mark.parametrize("kernels", ["stock", "fast"])

@@ -47,7 +47,7 @@ def _tree_start(layer, num_tree: int) -> int:
 
 def prune_tree_cache(
     cache: Cache, keep: torch.LongTensor, num_tree: int, holes: torch.LongTensor | None = None,
-    identity: bool | None = None, compact: bool | None = None,
+    identity: bool | None = None, compact: bool | None = None, tree_start: int | None = None,
 ) -> None:  # fmt: skip
     """Keeps, of the last `num_tree` tree entries of every layer, the nodes `keep` (B, n_keep), in that order.
 
@@ -58,7 +58,9 @@ def prune_tree_cache(
     of slots and a hole must not push a real token out of the window.
 
     identity (keep[b] == 0..n_keep-1 for every row) and compact (some row has holes) may be given by a caller that
-    knows them on the host; otherwise they are read from the tensors (two host syncs).
+    knows them on the host; otherwise they are read from the tensors (two host syncs). tree_start: where the
+    tree's entries start in full-attention static layers (the entries cached before the pass), when the caller
+    knows it; otherwise each static layer's tensor length is read (one host sync per layer).
     """
     bsz, n_keep = keep.shape
     drop = num_tree - n_keep
@@ -70,15 +72,24 @@ def prune_tree_cache(
         compact = holes is not None and bool((holes > 0).any())
     index = {}  # (start, device) -> (B, 1, n_keep, 1) gather index: built once, not once per layer
     store = shared_store(cache)  # layers whose entries live in one tensor: all moved by one gather
+    static_store = store is not None and store is getattr(cache, "_hf_eagle2_store", None)
     in_store = set() if store is None else {id(layer) for layer in cache.layers
-                                            if getattr(getattr(layer, "buffer", None), "store", None) is store}
+                                            if static_store or getattr(getattr(layer, "buffer", None), "store", None) is store}
     if store is not None and not identity:
-        length = next(layer for layer in cache.layers if id(layer) in in_store).buffer.length
-        store.move(length - num_tree, keep.to(store.data.device))
+        if static_store:
+            start = tree_start if tree_start is not None else _tree_start(cache.layers[0], num_tree)
+        else:
+            start = next(layer for layer in cache.layers if id(layer) in in_store).buffer.length - num_tree
+        store.move(start, keep.to(store.data.device))
+    if static_store:  # every layer is a full-attention StaticLayer: their lengths drop at once
+        if drop:
+            torch._foreach_sub_([layer.cumulative_length for layer in cache.layers], drop)
+        return
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False):
             continue
-        start = _tree_start(layer, num_tree)
+        known = tree_start is not None and type(layer) is StaticLayer  # no host read of its length
+        start = tree_start if known else _tree_start(layer, num_tree)
         if not identity and id(layer) not in in_store:
             where = (start, layer.keys.device)
             if where not in index:

@@ -25,12 +25,13 @@ from transformers.cache_utils import DynamicCache, StaticCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import check_cache_supported, prune_tree_cache
-from ..kernels.reserved_cache import stack_empty_cache
+from ..kernels.reserved_cache import stack_empty_cache, stack_static_cache
 from .drafter import EagleDrafter, TreeOptions
 from .stats import EagleStats, Timer
 from .stopping import BlockStopper
 from .target import TargetModel
 from .verify import accept, process_node_logits, sample_choices
+from .verify_compiled import CompiledVerify, compiles_verify
 
 
 HOLES_MESSAGE = (
@@ -92,6 +93,15 @@ def eagle_generate(
             "tree speculation with a StaticCache supports batch size 1: batched rounds leave holes in the cache "
             "(rows accept different lengths), which would use up the preallocated room; use the default cache"
         )
+    compiled_verify = None  # tree_compile over a static cache: the verify pass is one compiled call too
+    if options.compile and compiles_verify(cache):
+        compiled_verify = CompiledVerify(target, cache, generation_config.compile_config)
+    elif generation_config.compile_config is not None:
+        raise ValueError(
+            "tree speculation compiles the target's forward only with tree_compile=True over a full-attention static "
+            "cache (cache_implementation='static'), as transformers compiles decoding only over a static cache; "
+            "otherwise the tree's passes change shape every round. Pass both, or drop compile_config"
+        )
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
@@ -133,6 +143,8 @@ def eagle_generate(
     if want_scores:
         scores_out.append(processed[0])
         logits_out.append(raw[0])
+    if static_capacity is not None:
+        stack_static_cache(cache)  # full-attention static layers in one tensor: pruning is one gather
     budget = None
     per_round_budget = options.per_round_budget  # read before resolving: it asks whether a size is "auto"
     options = options.resolved(device)
@@ -163,16 +175,24 @@ def eagle_generate(
     while any(unfinished):
         remaining = max(max_length - seq_len[b] for b in range(bsz) if unfinished[b])
         max_depth = max(0, min(64, remaining - 1))  # the drafter also caps it at the tree's own depth
-        max_nodes = None if static_capacity is None else static_capacity - cache.get_seq_length()
+        cached_now = slot_pos.shape[1] - 1  # entries in the target cache (the root is not cached yet)
+        max_nodes = None if static_capacity is None else static_capacity - cached_now
         with timer("draft_s"):
             lookup_rows = [sequences[b, : seq_len[b]] for b in range(bsz)] if drafter.ngram is not None else None
             tree = drafter.draft_tree(slot_tokens, slot_pos.clamp(min=0), max_depth, max_nodes, rows=lookup_rows)
-        num_nodes = tree.num_nodes
-        with timer("bookkeeping_s"):
-            positions = root_pos.view(bsz, 1) + tree.depths
-            mask = target.tree_attention_mask(cache, tree, positions, slot_pos[:, :-1])
-        with timer("verify_s"):
-            hidden, raw = target.forward(tree.tokens, positions, mask, cache)
+        num_nodes = num_written = tree.num_nodes
+        verified = None
+        if compiled_verify is not None:
+            with timer("verify_s"):  # its mask included
+                verified = compiled_verify(tree, root_pos, slot_pos[:, :-1], cached_now)
+        if verified is not None:
+            hidden, raw, num_written = verified  # the tree padded to num_written entries
+        else:
+            with timer("bookkeeping_s"):
+                positions = root_pos.view(bsz, 1) + tree.depths
+                mask = target.tree_attention_mask(cache, tree, positions, slot_pos[:, :-1])
+            with timer("verify_s"):
+                hidden, raw = target.forward(tree.tokens, positions, mask, cache)
         with timer("bookkeeping_s"):
             rows = [sequences[b, : seq_len[b]] for b in range(bsz)]
             processed = process_node_logits(raw, tree, rows, logits_processor)
@@ -213,12 +233,13 @@ def eagle_generate(
             src = torch.arange(width, device=device).view(1, width) - (width - 1 - kept).view(bsz, 1)
             keep = torch.tensor(keep_host, device=device)
             in_block = src >= 0
-            prune_tree_cache(cache, keep, num_nodes, holes=width - 1 - kept,
+            prune_tree_cache(cache, keep, num_written, holes=width - 1 - kept,
                              identity=all(row == list(range(width)) for row in keep_host),
-                             compact=any(holes_host))  # fmt: skip
+                             compact=any(holes_host), tree_start=cached_now)  # fmt: skip
             if any(holes_host):
                 cache._hf_eagle2_holes = True  # see HOLES_MESSAGE
-            if cache.get_seq_length() != slot_pos.shape[1] - 1 + width:
+            # (a static cache's length is a device tensor: checked by the tests, not read every round)
+            if static_capacity is None and cache.get_seq_length() != cached_now + width:
                 raise RuntimeError("tree cache pruning left the cache out of sync with the accepted sequence")
             if not any(unfinished):
                 break
@@ -237,6 +258,7 @@ def eagle_generate(
         if hasattr(layer, "record_past"):
             layer.record_past = False
     stats.total_s = stats.prefill_s + stats.round_s
+    stats.verify_compiled = 0 if compiled_verify is None else compiled_verify.calls
     if calib is not None:
         stats.calibration = calib.as_dict()
     out_len = max(seq_len)
@@ -349,8 +371,6 @@ REFUSED_OPTIONS = (
      "classifier-free guidance runs its own unconditional forward, one token per call, with its own cache"),
     ("prefill_chunk_size", lambda g: getattr(g, "prefill_chunk_size", None) is not None,
      "the prompt is prefilled in one forward (chunked prefill is not implemented)"),
-    ("compile_config", lambda g: g.compile_config is not None,
-     "tree passes change shape every round, so the forward is never compiled"),
 )  # fmt: skip
 # stock logits processors that keep state across calls (they assume one call per generated token, on the same
 # batch rows), while the tree loop calls the processors once per tree depth with one row per node

@@ -42,6 +42,7 @@ class EagleStats:
     prefill_tokens_per_row: list[int] = field(default_factory=list)  # 1, or 0 where max_length left no room
     target_forwards_per_row: list[int] = field(default_factory=list)
     calibration: dict | None = None
+    verify_compiled: int = 0  # rounds whose verify pass ran as the compiled call (tree_compile, static cache)
 
     @property
     def tau(self) -> float:

@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.utils import logging
 
+from . import constants
 from .tree import DraftTree
 
 logger = logging.get_logger(__name__)
@@ -32,9 +33,9 @@ _KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 def causal_lm_forward(
     model: PreTrainedModel, input_ids, position_ids, attention_mask, cache: Cache | None, logits_to_keep: int = 0,
-    feature_ids: tuple[int, ...] = (-1,),
+    feature_ids: tuple[int, ...] = (-1,), call=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward of the causal LM itself.
+    """One forward of the causal LM itself (through `call`, e.g. its `get_compiled_call`, when given).
 
     input_ids, position_ids: (B, T); attention_mask: 2D (B, S), 4D additive (B, 1, T, S) (or a dict of them per
     layer type) or None. Returns (features (B, T, H): the final hidden state at every position, logits (B, K, V)
@@ -49,7 +50,7 @@ def causal_lm_forward(
     keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
     if keeps:
         inputs["logits_to_keep"] = logits_to_keep
-    out = model(**inputs)
+    out = (call or model)(**inputs)
     if not out.hidden_states:
         raise NotImplementedError(f"{type(model).__name__} returns no hidden states: the draft head has no features")
     logits = out.logits if keeps or not logits_to_keep else out.logits[:, -logits_to_keep:]
@@ -111,9 +112,10 @@ class TargetModel:
         return self.lm_head.weight.device
 
     def forward(
-        self, input_ids, position_ids, attention_mask, cache: Cache, logits_to_keep: int = 0
+        self, input_ids, position_ids, attention_mask, cache: Cache, logits_to_keep: int = 0, call=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`causal_lm_forward` on the target: (features (B, T, H), float32 logits (B, K, V)).
+        """`causal_lm_forward` on the target: (features (B, T, H), float32 logits (B, K, V)); `call`: the model's
+        compiled call, if any (`verify_compiled`).
 
         The first call also checks that the features are the lm_head input (a hook sees what the lm_head reads).
         A model that transforms the hidden state after its final norm still gets exact logits, but its draft head
@@ -121,7 +123,7 @@ class TargetModel:
         """
         if self._features_checked or self.feature_ids != (-1,):  # the check is about the final hidden state
             return causal_lm_forward(
-                self.model, input_ids, position_ids, attention_mask, cache, logits_to_keep, self.feature_ids
+                self.model, input_ids, position_ids, attention_mask, cache, logits_to_keep, self.feature_ids, call
             )
         seen = []
         handle = self.lm_head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
@@ -172,9 +174,11 @@ class TargetModel:
         kv_length, kv_offset = cache.get_mask_sizes(q, layer_idx)
         kv_length, kv_offset = int(kv_length), int(kv_offset)
         device = tree.tokens.device
-        if window is None and kv_offset == 0 and kv_length == past + q:  # keys = the cache, then the tree
-            allowed = torch.cat([(slot_pos >= 0).unsqueeze(1).expand(bsz, q, past), tree.ancestors], dim=-1)
-            return torch.where(allowed.unsqueeze(1), *_mask_values(self.dtype, device))
+        if window is None and kv_offset == 0 and kv_length >= past + q:  # keys = the cache, the tree (, free slots)
+            parts = [(slot_pos >= 0).unsqueeze(1).expand(bsz, q, past), tree.ancestors]
+            if kv_length > past + q:  # a static cache's unwritten slots
+                parts.append(constants.scalar(False, torch.bool, device).expand(bsz, q, kv_length - past - q))
+            return torch.where(torch.cat(parts, dim=-1).unsqueeze(1), *_mask_values(self.dtype, device))
         cache_index = kv_offset + torch.arange(kv_length, device=device)  # (kv,)
         # cached part
         in_past = cache_index < past

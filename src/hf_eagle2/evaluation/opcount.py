@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..engine import drafter
+from ..engine import drafter, verify_compiled
 
 HOST_READ_OPS = {"aten.item.default", "aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.nonzero.default"}
 METADATA_OPS = {"aten.detach.default", "aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default",
@@ -34,7 +34,8 @@ class OpCounts:
     head_ops: float = 0
     target_ops: float = 0
     host_reads: float = 0
-    compiled_calls: float = 0  # `tree_compile`'s draft levels: one compiled call each (their ops are not counted)
+    compiled_calls: float = 0  # `tree_compile`: each draft level and the verify pass over a static cache are one
+    # compiled call each (their ops are not counted)
 
     def minus(self, other: "OpCounts", per: float = 1.0) -> "OpCounts":
         return OpCounts(**{k: (v - getattr(other, k)) / per for k, v in asdict(self).items()})
@@ -90,6 +91,19 @@ class OpCounter(TorchDispatchMode):
             return call
 
         drafter.compiled_level_step = compiled_level_step
+        self._compiled_call = verify_compiled.compiled_call
+
+        def compiled_call(model, config):  # the verify pass's compiled call: one call, inside the target
+            call = counter._compiled_call(model, config)
+
+            def counted(*args, **kwargs):
+                counter.counts.compiled_calls += 1
+                with _disable_current_modes():
+                    return call(*args, **kwargs)
+
+            return counted
+
+        verify_compiled.compiled_call = compiled_call
 
         def tolist(tensor, *args, **kwargs):  # reads the device without an aten op on CPU tensors
             counter.counts.host_reads += 1
@@ -101,6 +115,7 @@ class OpCounter(TorchDispatchMode):
     def __exit__(self, *exc):
         torch.Tensor.tolist = self._tolist
         drafter.compiled_level_step = self._compiled
+        verify_compiled.compiled_call = self._compiled_call
         for hook in self._hooks:
             hook.remove()
         return super().__exit__(*exc)

@@ -187,9 +187,42 @@ def stack_empty_cache(cache, reserve: int = DEFAULT_RESERVE) -> bool:
     return True
 
 
+def stack_static_cache(cache) -> KVStore | None:
+    """Moves the keys and values of a `StaticCache` whose layers are all initialized full-attention `StaticLayer`s
+    of one shape into one `KVStore` (each layer's tensors become views of it, marked static for the compiler), so
+    that pruning a tree pass is one gather and one copy instead of two per layer. Returns the store (the one made
+    earlier, if the layers still view it), or None where the cache does not qualify."""
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+
+    layers = cache.layers
+    if not layers or any(type(layer) is not StaticLayer or not layer.is_initialized for layer in layers):
+        return None
+    if any(isinstance(layer, StaticSlidingWindowLayer) for layer in layers):
+        return None
+    store = getattr(cache, "_hf_eagle2_store", None)
+    if store is not None and all(layer.keys.data_ptr() == store.data[i, 0].data_ptr() for i, layer in enumerate(layers)):
+        return store
+    first = layers[0].keys
+    if any(layer.keys.shape != first.shape or layer.values.shape != first.shape or layer.keys.dtype != first.dtype
+           or layer.keys.device != first.device for layer in layers):  # fmt: skip
+        return None
+    store = KVStore(len(layers), reserve=1)
+    store.data = torch.stack([torch.stack([layer.keys, layer.values]) for layer in layers])
+    for i, layer in enumerate(layers):
+        layer.keys, layer.values = store.data[i, 0], store.data[i, 1]
+        if not torch.compiler.is_compiling():
+            torch._dynamo.mark_static_address(layer.keys)
+            torch._dynamo.mark_static_address(layer.values)
+    cache._hf_eagle2_store = store
+    return store
+
+
 def shared_store(cache) -> KVStore | None:
     """The `KVStore` all of `cache`'s stacked layers write to, when every layer of the store is in it, stacked and
-    equally long (then `KVStore.move` prunes them all at once); else None."""
+    equally long (then `KVStore.move` prunes them all at once); else None. A static cache's store
+    (`stack_static_cache`) counts while its layers still view it."""
+    if getattr(cache, "_hf_eagle2_store", None) is not None:
+        return stack_static_cache(cache)
     buffers = [layer.buffer for layer in cache.layers if isinstance(getattr(layer, "buffer", None), StackedBuffer)]
     if not buffers or buffers[0].store is None:
         return None
