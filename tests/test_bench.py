@@ -11,7 +11,8 @@ from hf_eagle2.evaluation.evaluate import BUILTIN_PROMPTS, load_prompts, parse_l
 
 SHIPPED_HEAD = os.path.join(os.path.dirname(__file__), "..", "model_cards", "smollm2-135m-instruct-eagle2")
 SMOKE_METHODS = ["plain", "plain_stock", "prompt_lookup", "assisted_chain", "eagle1", "eagle2", "eagle2_no_ngram",
-                 "eagle2_fixed", "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither", "eagle2_full_vocab"]  # fmt: skip
+                 "eagle2_fixed", "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither", "eagle2_full_vocab",
+                 "eagle2_compiled_static"]  # fmt: skip
 
 
 def test_bench_smoke_on_smollm2(tmp_path):

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .target import TargetModel
 
 BUCKETS = (16, 32, 64, 128, 256)
+RECOMPILE_LIMIT = 64
 
 
 def default_compile_config(device: torch.device) -> CompileConfig:
@@ -97,7 +98,8 @@ class CompiledVerify:
         padded = pad_tree(tree, size)
         positions = root_pos.view(-1, 1) + padded.depths
         mask = self.target.tree_attention_mask(self.cache, padded, positions, slot_pos)
-        hidden, logits = self.target.forward(padded.tokens, positions, mask, self.cache, call=self.call)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):  # a graph per bucket, batch, kernels
+            hidden, logits = self.target.forward(padded.tokens, positions, mask, self.cache, call=self.call)
         hidden, logits = hidden[:, :n], logits[:, :n]
         if self.copy_outputs:
             hidden, logits = hidden.clone(), logits.clone()

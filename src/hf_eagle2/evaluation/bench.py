@@ -57,6 +57,9 @@ TREE_METHODS = {
     "eagle2_neither": dict(tree="eagle2", tree_global_value=False, tree_rerank=False),  # FIXED
     "eagle2_paper": dict(tree="eagle2", tree_total_tokens=60, tree_depth=6, tree_top_k=10),  # the paper's GPU setting
     "eagle2_full_vocab": dict(tree="eagle2"),  # the defaults, head scoring the full vocabulary
+    "eagle2_compiled": dict(tree="eagle2", tree_compile=True),  # the defaults, each draft level one compiled call
+    # and the verify pass one more, over a static cache of a fixed size (one graph for every prompt)
+    "eagle2_compiled_static": dict(tree="eagle2", tree_compile=True, cache_implementation="static", max_cache_len=2048),
 }
 FIXED = ("eagle2_fixed", "eagle2_no_value", "eagle2_no_rerank", "eagle2_neither")
 # per-round time split reported by the bench: column -> EagleStats attribute (seconds)
@@ -140,7 +143,8 @@ def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=No
     from ..kernels.cpu import optimize_for_cpu
 
     kwargs = method_kwargs(method, draft, tree_params, assistant)
-    counter = ForwardCounter(model)
+    # tree methods count their own forwards (a hook's Python counter would also be a guard of a compiled verify)
+    counter = None if kwargs.get("tree") else ForwardCounter(model)
     fast = kernels == "fast" and method != "plain_stock"
     optimize_for_cpu(model, enable=fast, release=False)  # the packed weights stay cached across switches
     if assistant is not None:
@@ -150,7 +154,8 @@ def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=No
         out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, return_dict_in_generate=True, **kwargs)
         seconds = time.perf_counter() - start
     finally:
-        counter.close()
+        if counter is not None:
+            counter.close()
     seq = out.sequences
     new = seq.shape[1] - ids.shape[1]
     stats = getattr(out, "eagle_stats", None)
