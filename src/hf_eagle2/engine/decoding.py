@@ -157,98 +157,50 @@ def eagle_generate(
     drafter = EagleDrafter(draft, model, options, timer=timer, budget=budget, context_start=cached)
     drafter.add_features(hidden, valid_prompt[:, cached:])
 
-    sequences = torch.full((bsz, max_length), pad_id, dtype=torch.long, device=device)
-    sequences[:, :prompt_len] = input_ids
-    seq_len = [prompt_len] * bsz
-    unfinished = [True] * bsz
+    out = _Output(input_ids, max_length, pad_id, stopper, streamer, stats)
     # stopping criteria get what _sample hands them: every processed step's scores so far when they are returned
     # (return_dict_in_generate and output_scores; batch size 1 here), else None
     criteria_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     first_scores = _scores_so_far(scores_out) if criteria_scores else None  # scores_out holds the prefill's step
-    stats.prefill_tokens_per_row = _emit(first.view(bsz, 1), first.view(bsz, 1).tolist(), sequences, seq_len,
-                                         unfinished, stopper, streamer, stats, first_scores, pad_id)  # fmt: skip
-    # slot state: one entry per target cache slot, plus the root (last token, not yet in the cache)
-    slot_tokens = torch.cat([input_ids, first.view(bsz, 1)], dim=1)
-    root_pos = valid_prompt.sum(-1)  # (B,) logical position of the root
-    slot_pos = torch.cat([torch.where(valid_prompt, prompt_pos, -1), root_pos.view(bsz, 1)], dim=1)
+    stats.prefill_tokens_per_row = out.emit(first.view(bsz, 1), first.view(bsz, 1).tolist(), first_scores)
+    slots = _Slots.after_prefill(input_ids, first, valid_prompt, prompt_pos)
 
-    while any(unfinished):
-        remaining = max(max_length - seq_len[b] for b in range(bsz) if unfinished[b])
+    # ---- rounds: draft a tree, verify it in one pass, accept (the one host read), emit, prune, feed the head
+    while any(out.unfinished):
+        remaining = max(max_length - out.seq_len[b] for b in out.active())
         max_depth = max(0, min(64, remaining - 1))  # the drafter also caps it at the tree's own depth
-        cached_now = slot_pos.shape[1] - 1  # entries in the target cache (the root is not cached yet)
-        max_nodes = None if static_capacity is None else static_capacity - cached_now
+        max_nodes = None if static_capacity is None else static_capacity - slots.cached
         with timer("draft_s"):
-            lookup_rows = [sequences[b, : seq_len[b]] for b in range(bsz)] if drafter.ngram is not None else None
-            tree = drafter.draft_tree(slot_tokens, slot_pos.clamp(min=0), max_depth, max_nodes, rows=lookup_rows)
-        num_nodes = num_written = tree.num_nodes
-        verified = None
-        if compiled_verify is not None:
-            with timer("verify_s"):  # its mask included
-                verified = compiled_verify(tree, root_pos, slot_pos[:, :-1], cached_now)
-        if verified is not None:
-            hidden, raw, num_written = verified  # the tree padded to num_written entries
-        else:
-            with timer("bookkeeping_s"):
-                positions = root_pos.view(bsz, 1) + tree.depths
-                mask = target.tree_attention_mask(cache, tree, positions, slot_pos[:, :-1])
-            with timer("verify_s"):
-                hidden, raw = target.forward(tree.tokens, positions, mask, cache)
+            rows = out.rows() if drafter.ngram is not None else None
+            tree = drafter.draft_tree(slots.tokens, slots.pos.clamp(min=0), max_depth, max_nodes, rows=rows)
+        hidden, raw, written = _verify(target, cache, tree, slots, compiled_verify, timer)
         with timer("bookkeeping_s"):
-            rows = [sequences[b, : seq_len[b]] for b in range(bsz)]
-            processed = process_node_logits(raw, tree, rows, logits_processor)
+            processed = process_node_logits(raw, tree, out.rows(), logits_processor)
             acc = accept(tree, sample_choices(processed) if do_sample else processed.argmax(-1))
             if calib is not None:
                 calib.add(tree, acc)
             drafter.record_acceptance(tree, acc.valid, acc.correct)
-            new_tokens = torch.cat([tree.tokens.gather(1, acc.path[:, 1:]), acc.next_token.view(bsz, 1)], dim=1)
-            # new_tokens[b, :counts[b]] are the accepted draft tokens, new_tokens[b, counts[b]] is the bonus
-            new_tokens.scatter_(1, acc.num_accepted.view(bsz, 1), acc.next_token.view(bsz, 1))
-            # the round's one host sync: accepted counts, the block's tokens and the accepted path
-            host = torch.cat([acc.num_accepted.view(bsz, 1), new_tokens, acc.path], dim=1).tolist()
-            depth = new_tokens.shape[1]
-            counts = [h[0] for h in host]
-            paths = [h[1 + depth :] for h in host]
-            active = [b for b in range(bsz) if unfinished[b]]
-            for b in active:
-                stats.record_accept(counts[b])
-                stats.target_forwards_per_row[b] += 1
-            stats.target_forwards += 1
-            stats.tree_nodes += num_nodes - 1
-            blocks = [h[1 : 2 + counts[b]] for b, h in enumerate(host)]
-            block_scores = (_scores_so_far(scores_out, lambda i: processed[0, paths[0][i]].unsqueeze(0))
+            block = _Block.read(tree, acc)  # the round's one host sync
+            active = out.active()
+            stats.record_round(block.counts, active, tree.num_nodes)
+            block_scores = (_scores_so_far(scores_out, lambda i: processed[0, block.paths[0][i]].unsqueeze(0))
                             if criteria_scores else None)  # fmt: skip
-            emitted = _emit(new_tokens, blocks, sequences, seq_len, unfinished, stopper, streamer, stats, block_scores,
-                            pad_id, active)  # fmt: skip
+            emitted = out.emit(block.new_tokens, block.blocks, block_scores, active)
             if want_scores:
-                take = emitted[0]
-                scores_out.extend(processed[0, acc.path[0, :take]].unbind(0))
-                logits_out.extend(raw[0, acc.path[0, :take]].unbind(0))
-            # prune: each row keeps root + the accepted nodes it emitted (all but a stop-cut tail), right-aligned
-            # in a block of (max kept + 1) slots; the last emitted token is the next root, not cached yet
-            kept_host = [min(counts[b], emitted[b] - 1) if emitted[b] else 0 for b in range(bsz)]
-            width = max(kept_host) + 1
-            holes_host = [width - 1 - k for k in kept_host]
-            keep_host = [[paths[b][max(0, i - holes_host[b])] for i in range(width)] for b in range(bsz)]
-            kept = torch.tensor(kept_host, device=device)
-            src = torch.arange(width, device=device).view(1, width) - (width - 1 - kept).view(bsz, 1)
-            keep = torch.tensor(keep_host, device=device)
-            in_block = src >= 0
-            prune_tree_cache(cache, keep, num_written, holes=width - 1 - kept,
-                             identity=all(row == list(range(width)) for row in keep_host),
-                             compact=any(holes_host), tree_start=cached_now)  # fmt: skip
-            if any(holes_host):
+                scores_out.extend(processed[0, acc.path[0, : emitted[0]]].unbind(0))
+                logits_out.extend(raw[0, acc.path[0, : emitted[0]]].unbind(0))
+            keep = _Keep.plan(block, emitted, device)
+            prune_tree_cache(cache, keep.index, written, holes=keep.holes, identity=keep.identity,
+                             compact=keep.compact, tree_start=slots.cached)  # fmt: skip
+            if keep.compact:
                 cache._hf_eagle2_holes = True  # see HOLES_MESSAGE
             # (a static cache's length is a device tensor: checked by the tests, not read every round)
-            if static_capacity is None and cache.get_seq_length() != cached_now + width:
+            if static_capacity is None and cache.get_seq_length() != slots.cached + keep.width:
                 raise RuntimeError("tree cache pruning left the cache out of sync with the accepted sequence")
-            if not any(unfinished):
+            if not any(out.unfinished):
                 break
-            drafter.add_features(hidden.gather(1, _expand(keep, hidden)), in_block)
-            block_pos = torch.where(in_block, root_pos.view(bsz, 1) + src, -1)
-            root_pos = root_pos + kept + 1
-            next_root = new_tokens.gather(1, kept.view(bsz, 1))
-            slot_tokens = torch.cat([slot_tokens[:, :-1], tree.tokens.gather(1, keep), next_root], 1)
-            slot_pos = torch.cat([slot_pos[:, :-1], block_pos, root_pos.view(bsz, 1)], 1)
+            drafter.add_features(hidden.gather(1, _expand(keep.index, hidden)), keep.in_block)
+            slots.advance(tree, keep, block.new_tokens)
 
     if streamer is not None:
         streamer.end()
@@ -261,8 +213,7 @@ def eagle_generate(
     stats.verify_compiled = 0 if compiled_verify is None else compiled_verify.calls
     if calib is not None:
         stats.calibration = calib.as_dict()
-    out_len = max(seq_len)
-    output = sequences[:, :out_len]
+    output = out.sequences[:, : max(out.seq_len)]
     draft.last_stats = stats
     if not generation_config.return_dict_in_generate:
         return output
@@ -285,28 +236,145 @@ def _expand(index: torch.LongTensor, like: torch.Tensor) -> torch.LongTensor:
     return index.unsqueeze(-1).expand(*index.shape, like.shape[-1])
 
 
-def _emit(new_tokens, blocks, sequences, seq_len, unfinished, stopper, streamer, stats, scores, pad_id, rows=None):
-    """Appends each unfinished row's block (host ids; new_tokens[b, :len(blocks[b])] on the device) to its
-    sequence, cut where plain decoding would have stopped (see stopping.py). Returns the tokens taken per row."""
-    taken = [0] * len(seq_len)
-    for b in rows if rows is not None else range(len(seq_len)):
-        if not unfinished[b]:
-            continue
-        start = seq_len[b]
-        block = blocks[b][: sequences.shape[1] - start]  # never past max_length (the stopper cuts there too)
-        sequences[b, start : start + len(block)] = new_tokens[b, : len(block)]
-        take, stop = stopper.take(sequences[b], start, block, scores)
-        if take < len(block):
-            sequences[b, start + take : start + len(block)] = pad_id  # rows shorter than the output end in padding
-        if stop:
-            unfinished[b] = False
-        seq_len[b] = start + take
-        taken[b] = take
-        stats.new_tokens += take
-        stats.new_tokens_per_row[b] += take
-        if streamer is not None:
-            streamer.put(new_tokens[b, :take].cpu())
-    return taken
+def _verify(target, cache, tree, slots: "_Slots", compiled_verify, timer) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The target's one pass over the tree: (features (B, n, H), float32 logits (B, n, V), entries it wrote to the
+    cache: n, or the padded size of a compiled pass)."""
+    if compiled_verify is not None:
+        with timer("verify_s"):  # its mask included
+            verified = compiled_verify(tree, slots.root_pos, slots.pos[:, :-1], slots.cached)
+        if verified is not None:
+            return verified
+    with timer("bookkeeping_s"):
+        positions = slots.root_pos.view(-1, 1) + tree.depths
+        mask = target.tree_attention_mask(cache, tree, positions, slots.pos[:, :-1])
+    with timer("verify_s"):
+        hidden, raw = target.forward(tree.tokens, positions, mask, cache)
+    return hidden, raw, tree.num_nodes
+
+
+@dataclass
+class _Slots:
+    """The target cache's entries plus the root: tokens (B, C + 1), logical positions pos (B, C + 1) (-1: padding
+    or a hole), the root's position root_pos (B,). The last entry is the root, not cached yet."""
+
+    tokens: torch.LongTensor
+    pos: torch.LongTensor
+    root_pos: torch.LongTensor
+
+    @classmethod
+    def after_prefill(cls, input_ids, first, valid_prompt, prompt_pos) -> "_Slots":
+        bsz = input_ids.shape[0]
+        root_pos = valid_prompt.sum(-1)
+        pos = torch.cat([torch.where(valid_prompt, prompt_pos, -1), root_pos.view(bsz, 1)], dim=1)
+        return cls(torch.cat([input_ids, first.view(bsz, 1)], dim=1), pos, root_pos)
+
+    @property
+    def cached(self) -> int:
+        return self.pos.shape[1] - 1
+
+    def advance(self, tree, keep: "_Keep", new_tokens: torch.LongTensor) -> None:
+        """The kept block joins the cached entries; the last emitted token becomes the root."""
+        bsz = self.tokens.shape[0]
+        block_pos = torch.where(keep.in_block, self.root_pos.view(bsz, 1) + keep.src, -1)
+        self.root_pos = self.root_pos + keep.kept + 1
+        next_root = new_tokens.gather(1, keep.kept.view(bsz, 1))
+        self.tokens = torch.cat([self.tokens[:, :-1], tree.tokens.gather(1, keep.index), next_root], 1)
+        self.pos = torch.cat([self.pos[:, :-1], block_pos, self.root_pos.view(bsz, 1)], 1)
+
+
+@dataclass
+class _Block:
+    """A round's outcome on the host: new_tokens (B, D + 1) on the device (row b: its counts[b] accepted draft
+    tokens, then the bonus token), and on the host counts[b], the accepted path's node ids paths[b] and the block's
+    token ids blocks[b] (accepted + bonus)."""
+
+    new_tokens: torch.LongTensor
+    counts: list[int]
+    paths: list[list[int]]
+    blocks: list[list[int]]
+
+    @classmethod
+    def read(cls, tree, acc) -> "_Block":
+        bsz = tree.tokens.shape[0]
+        new_tokens = torch.cat([tree.tokens.gather(1, acc.path[:, 1:]), acc.next_token.view(bsz, 1)], dim=1)
+        new_tokens.scatter_(1, acc.num_accepted.view(bsz, 1), acc.next_token.view(bsz, 1))
+        # one host read: accepted counts, the block's tokens and the accepted path
+        host = torch.cat([acc.num_accepted.view(bsz, 1), new_tokens, acc.path], dim=1).tolist()
+        depth = new_tokens.shape[1]
+        counts = [h[0] for h in host]
+        return cls(new_tokens, counts, [h[1 + depth :] for h in host],
+                   [h[1 : 2 + counts[b]] for b, h in enumerate(host)])  # fmt: skip
+
+
+@dataclass
+class _Keep:
+    """What each row keeps of its tree: root + the accepted nodes it emitted (all but a stop-cut tail), right-aligned
+    in a block of `width` slots (rows that kept fewer start with holes); the last emitted token is the next root.
+
+    index (B, width): tree node per slot; kept (B,): nodes kept after the root; src (B, width): offset of each slot
+    from the root (< 0: a hole); in_block = src >= 0; holes (B,) = width - 1 - kept."""
+
+    index: torch.LongTensor
+    kept: torch.LongTensor
+    src: torch.LongTensor
+    in_block: torch.BoolTensor
+    holes: torch.LongTensor
+    width: int
+    identity: bool  # every row keeps nodes 0 .. width - 1 (nothing moves)
+    compact: bool  # some row has holes
+
+    @classmethod
+    def plan(cls, block: _Block, emitted: list[int], device) -> "_Keep":
+        bsz = len(block.counts)
+        kept_host = [min(block.counts[b], emitted[b] - 1) if emitted[b] else 0 for b in range(bsz)]
+        width = max(kept_host) + 1
+        holes_host = [width - 1 - k for k in kept_host]
+        index_host = [[block.paths[b][max(0, i - holes_host[b])] for i in range(width)] for b in range(bsz)]
+        kept = torch.tensor(kept_host, device=device)
+        src = torch.arange(width, device=device).view(1, width) - (width - 1 - kept).view(bsz, 1)
+        return cls(torch.tensor(index_host, device=device), kept, src, src >= 0, width - 1 - kept, width,
+                   all(row == list(range(width)) for row in index_host), any(holes_host))  # fmt: skip
+
+
+class _Output:
+    """The rows' sequences (B, max_length), filled to seq_len[b], and which rows are still unfinished."""
+
+    def __init__(self, input_ids, max_length: int, pad_id: int, stopper, streamer, stats):
+        bsz, prompt_len = input_ids.shape
+        self.sequences = torch.full((bsz, max_length), pad_id, dtype=torch.long, device=input_ids.device)
+        self.sequences[:, :prompt_len] = input_ids
+        self.seq_len = [prompt_len] * bsz
+        self.unfinished = [True] * bsz
+        self.pad_id, self.stopper, self.streamer, self.stats = pad_id, stopper, streamer, stats
+
+    def active(self) -> list[int]:
+        return [b for b, u in enumerate(self.unfinished) if u]
+
+    def rows(self) -> list[torch.LongTensor]:
+        return [self.sequences[b, :n] for b, n in enumerate(self.seq_len)]
+
+    def emit(self, new_tokens, blocks, scores, rows=None) -> list[int]:
+        """Appends each unfinished row's block (host ids; new_tokens[b, :len(blocks[b])] on the device) to its
+        sequence, cut where plain decoding would have stopped (see stopping.py). Returns the tokens taken per row."""
+        taken = [0] * len(self.seq_len)
+        for b in rows if rows is not None else range(len(self.seq_len)):
+            if not self.unfinished[b]:
+                continue
+            start = self.seq_len[b]
+            block = blocks[b][: self.sequences.shape[1] - start]  # never past max_length (the stopper cuts there too)
+            self.sequences[b, start : start + len(block)] = new_tokens[b, : len(block)]
+            take, stop = self.stopper.take(self.sequences[b], start, block, scores)
+            if take < len(block):  # rows shorter than the output end in padding
+                self.sequences[b, start + take : start + len(block)] = self.pad_id
+            if stop:
+                self.unfinished[b] = False
+            self.seq_len[b] = start + take
+            taken[b] = take
+            self.stats.new_tokens += take
+            self.stats.new_tokens_per_row[b] += take
+            if self.streamer is not None:
+                self.streamer.put(new_tokens[b, :take].cpu())
+        return taken
 
 
 class _CalibrationLog:

@@ -73,6 +73,15 @@ class EagleStats:
         """Share of round time in tree construction, mask building, acceptance and cache pruning."""
         return (self.bookkeeping_s + self.tree_build_s) / self.round_s if self.round_s else 0.0
 
+    def record_round(self, counts: list[int], rows: list[int], num_nodes: int) -> None:
+        """One verification round: counts[b] drafted tokens accepted in each active row b of `rows`, over a tree of
+        num_nodes nodes (root included)."""
+        for b in rows:
+            self.record_accept(counts[b])
+            self.target_forwards_per_row[b] += 1
+        self.target_forwards += 1
+        self.tree_nodes += num_nodes - 1
+
     def record_accept(self, accepted: int) -> None:
         while len(self.accept_hist) <= accepted:
             self.accept_hist.append(0)
