@@ -72,19 +72,18 @@ def prune_tree_cache(
         compact = holes is not None and bool((holes > 0).any())
     index = {}  # (start, device) -> (B, 1, n_keep, 1) gather index: built once, not once per layer
     store = shared_store(cache)  # layers whose entries live in one tensor: all moved by one gather
-    static_store = store is not None and store is getattr(cache, "_hf_eagle2_store", None)
-    in_store = set() if store is None else {id(layer) for layer in cache.layers
-                                            if static_store or getattr(getattr(layer, "buffer", None), "store", None) is store}
-    if store is not None and not identity:
-        if static_store:
+    if store is not None and store is getattr(cache, "_hf_eagle2_store", None):  # a stacked static cache
+        if not identity:
             start = tree_start if tree_start is not None else _tree_start(cache.layers[0], num_tree)
-        else:
-            start = next(layer for layer in cache.layers if id(layer) in in_store).buffer.length - num_tree
-        store.move(start, keep.to(store.data.device))
-    if static_store:  # every layer is a full-attention StaticLayer: their lengths drop at once
-        if drop:
+            store.move(start, keep.to(store.data.device))
+        if drop:  # every layer is a full-attention StaticLayer: their lengths drop at once
             torch._foreach_sub_([layer.cumulative_length for layer in cache.layers], drop)
         return
+    in_store = set() if store is None else {id(layer) for layer in cache.layers
+                                            if getattr(getattr(layer, "buffer", None), "store", None) is store}
+    if store is not None and not identity:
+        length = next(layer for layer in cache.layers if id(layer) in in_store).buffer.length
+        store.move(length - num_tree, keep.to(store.data.device))
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False):
             continue

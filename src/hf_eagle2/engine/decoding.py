@@ -95,7 +95,7 @@ def eagle_generate(
         )
     compiled_verify = None  # tree_compile over a static cache: the verify pass is one compiled call too
     if options.compile and compiles_verify(cache):
-        compiled_verify = CompiledVerify(target, cache, generation_config.compile_config)
+        compiled_verify = CompiledVerify(target, cache, static_capacity, generation_config.compile_config)
     elif generation_config.compile_config is not None:
         raise ValueError(
             "tree speculation compiles the target's forward only with tree_compile=True over a full-attention static "

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import torch
 from transformers import CompileConfig
-from transformers.cache_utils import Cache, StaticLayer, StaticSlidingWindowLayer
+from transformers.cache_utils import Cache
+
+from ..kernels.reserved_cache import full_attention_static
 
 from typing import TYPE_CHECKING
 
@@ -45,9 +47,7 @@ def compiled_call(model, config: CompileConfig):
 
 def compiles_verify(cache: Cache | None) -> bool:
     """Whether the verify pass over `cache` can run compiled: every layer a full-attention `StaticLayer`."""
-    return cache is not None and bool(cache.layers) and all(
-        isinstance(layer, StaticLayer) and not isinstance(layer, StaticSlidingWindowLayer) for layer in cache.layers
-    )
+    return full_attention_static(cache)
 
 
 def bucket(nodes: int) -> int | None:
@@ -78,13 +78,14 @@ def pad_tree(tree: DraftTree, size: int) -> DraftTree:
 class CompiledVerify:
     """Runs a round's verify pass through the model's compiled call when the padded tree fits the cache."""
 
-    def __init__(self, target: "TargetModel", cache: Cache, compile_config: CompileConfig | None):
+    def __init__(self, target: "TargetModel", cache: Cache, capacity: int, compile_config: CompileConfig | None):
+        """capacity: the cache's slots (its `max_cache_len`)."""
         self.target = target
         self.cache = cache
         config = compile_config or default_compile_config(target.device)
         self.call = compiled_call(target.model, config)
         self.copy_outputs = config.mode == "reduce-overhead"  # CUDA graphs reuse their output buffers
-        self.capacity = min(layer.max_cache_len for layer in cache.layers)
+        self.capacity = capacity
         self.calls = 0  # rounds verified compiled
 
     def __call__(self, tree: DraftTree, root_pos: torch.LongTensor, slot_pos: torch.LongTensor, cached: int):

@@ -79,31 +79,23 @@ class OpCounter(TorchDispatchMode):
         self._tolist = torch.Tensor.tolist
         counter = self
         self._compiled = drafter.compiled_level_step
-
-        def compiled_level_step(device_type):  # a compiled call runs outside the mode (dynamo skips frames under
-            step = counter._compiled(device_type)  # one) and counts as one call
-
-            def call(*args):
-                counter.counts.compiled_calls += 1
-                with _disable_current_modes():
-                    return step(*args)
-
-            return call
-
-        drafter.compiled_level_step = compiled_level_step
         self._compiled_call = verify_compiled.compiled_call
 
-        def compiled_call(model, config):  # the verify pass's compiled call: one call, inside the target
-            call = counter._compiled_call(model, config)
+        def counted(factory):  # a compiled call (a draft level, the verify pass) runs outside the mode (dynamo
+            def make(*factory_args):  # skips frames under one) and counts as one call
+                call = factory(*factory_args)
 
-            def counted(*args, **kwargs):
-                counter.counts.compiled_calls += 1
-                with _disable_current_modes():
-                    return call(*args, **kwargs)
+                def run(*args, **kwargs):
+                    counter.counts.compiled_calls += 1
+                    with _disable_current_modes():
+                        return call(*args, **kwargs)
 
-            return counted
+                return run
 
-        verify_compiled.compiled_call = compiled_call
+            return make
+
+        drafter.compiled_level_step = counted(self._compiled)
+        verify_compiled.compiled_call = counted(self._compiled_call)
 
         def tolist(tensor, *args, **kwargs):  # reads the device without an aten op on CPU tensors
             counter.counts.host_reads += 1

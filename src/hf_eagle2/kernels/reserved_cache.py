@@ -187,20 +187,34 @@ def stack_empty_cache(cache, reserve: int = DEFAULT_RESERVE) -> bool:
     return True
 
 
+def full_attention_static(cache) -> bool:
+    """Whether every layer of `cache` is a plain full-attention `StaticLayer` (not sliding): the caches whose
+    layers can share one `KVStore` and whose verify pass can compile."""
+    from transformers.cache_utils import StaticLayer
+
+    return cache is not None and bool(cache.layers) and all(type(layer) is StaticLayer for layer in cache.layers)
+
+
+def static_store(cache) -> KVStore | None:
+    """The `KVStore` of a static cache stacked by `stack_static_cache`, while all its layers still view it."""
+    store = getattr(cache, "_hf_eagle2_store", None)
+    if store is None or not all(getattr(layer, "keys", None) is not None and
+                                layer.keys.data_ptr() == store.data[i, 0].data_ptr()
+                                for i, layer in enumerate(cache.layers)):  # fmt: skip
+        return None
+    return store
+
+
 def stack_static_cache(cache) -> KVStore | None:
     """Moves the keys and values of a `StaticCache` whose layers are all initialized full-attention `StaticLayer`s
     of one shape into one `KVStore` (each layer's tensors become views of it, marked static for the compiler), so
     that pruning a tree pass is one gather and one copy instead of two per layer. Returns the store (the one made
     earlier, if the layers still view it), or None where the cache does not qualify."""
-    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
-
     layers = cache.layers
-    if not layers or any(type(layer) is not StaticLayer or not layer.is_initialized for layer in layers):
+    if not full_attention_static(cache) or not all(layer.is_initialized for layer in layers):
         return None
-    if any(isinstance(layer, StaticSlidingWindowLayer) for layer in layers):
-        return None
-    store = getattr(cache, "_hf_eagle2_store", None)
-    if store is not None and all(layer.keys.data_ptr() == store.data[i, 0].data_ptr() for i, layer in enumerate(layers)):
+    store = static_store(cache)
+    if store is not None:
         return store
     first = layers[0].keys
     if any(layer.keys.shape != first.shape or layer.values.shape != first.shape or layer.keys.dtype != first.dtype
@@ -222,7 +236,7 @@ def shared_store(cache) -> KVStore | None:
     equally long (then `KVStore.move` prunes them all at once); else None. A static cache's store
     (`stack_static_cache`) counts while its layers still view it."""
     if getattr(cache, "_hf_eagle2_store", None) is not None:
-        return stack_static_cache(cache)
+        return static_store(cache)
     buffers = [layer.buffer for layer in cache.layers if isinstance(getattr(layer, "buffer", None), StackedBuffer)]
     if not buffers or buffers[0].store is None:
         return None

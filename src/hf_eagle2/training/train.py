@@ -370,8 +370,6 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
             "tokens": int(sel.sum())}  # fmt: skip
     if unroll > 1:
         info["acc_deep"] = infos[unroll - 1][2]
-    if len(infos) > 1:
-        info["acc_passes"] = [i[2] for i in infos]
     if agree:
         info["agree"] = agree
     return loss, info
