@@ -1,7 +1,7 @@
 """Ops and host reads per round outside the target's forward (`evaluation.opcount`), bounded so that a change
 which adds per-node Python work or a host sync to the round fails here. Issue 46's yardstick is the accelerator
 round (m=60, depth 6, k=10, no n-gram branch) on SmolLM2 with the shipped head: at most 300 launches (from 594
-when the issue was filed)."""
+when the issue was filed); bounded here below what it has reached, so that a regression shows."""
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ def test_fixed_round_reads_the_host_once_and_its_ops_do_not_grow_with_the_tree(f
     small, large = fixed_round(model, draft, 8), fixed_round(model, draft, 24)
     assert large.host_reads <= 1.0, large
     assert large.launches <= small.launches + 8, (small, large)  # per-node work would scale with m
-    assert large.launches <= {"llama": 240, "gemma3": 280}[family], large  # 222 / 252-263 measured
+    assert large.launches <= {"llama": 220, "gemma3": 262}[family], large  # 206 / 237-247 measured
 
 
 def test_the_counter_sees_an_added_host_read(monkeypatch):
@@ -54,4 +54,5 @@ def test_accelerator_round_on_smollm2(smollm2):
     per_round = count_round_ops(model, ids, short=16, long=64, assistant_model=draft, **ACCELERATOR_ROUND)
     print("accelerator round on SmolLM2:", per_round.as_dict())
     assert per_round.host_reads <= 1.0, per_round
-    assert per_round.launches <= 300, per_round  # 290 measured (549-567 before the stacked cache and lean head)
+    assert per_round.launches <= 285, per_round  # 267 measured (290 before the fused q/k/v and gate/up GEMMs, 549-567
+    # before the stacked cache and lean head)

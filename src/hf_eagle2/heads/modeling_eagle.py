@@ -38,6 +38,7 @@ from transformers.utils import logging
 
 from .configuration_eagle import EagleConfig
 from ..kernels.cpu import NEVER, PackedWeight, is_optimized, min_rows_of, optimize_for_cpu, packed_linear
+from ..kernels.fused_linear import FusedLinear
 from .formats import (
     WEIGHT_FILES,
     is_speculators_config,
@@ -106,6 +107,7 @@ class EagleAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self._qkv = FusedLinear()
 
     def forward(
         self,
@@ -120,10 +122,11 @@ class EagleAttention(nn.Module):
         past_key_value: a (keys, values) tuple (returns this step's own (keys, values)), or a `KVBuffer` that
         this step appends to (returned)."""
         bsz, q_len, _ = x.shape
-        q = self.q_proj(x).view(bsz, q_len, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(bsz, q_len, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(bsz, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotate(torch.cat([q, k], dim=2), *cos_sin).transpose(1, 2).split([self.num_heads, self.num_kv_heads], 1)
+        qkv = self._qkv(x, (self.q_proj, self.k_proj, self.v_proj))  # (B, T, (heads + 2 kv_heads) * D): one GEMM
+        qkv = qkv.view(bsz, q_len, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=2)
+        q, k = rotate(qk, *cos_sin).transpose(1, 2).split([self.num_heads, self.num_kv_heads], 1)
+        v = v.transpose(1, 2)
         new_kv = (k, v)
         if isinstance(past_key_value, KVBuffer):
             k, v = past_key_value.append(k, v)
@@ -144,13 +147,25 @@ class EagleAttention(nn.Module):
         return self.o_proj(out), new_kv
 
 
+class EagleMLP(LlamaMLP):
+    """Llama's gated MLP with gate and up as one GEMM (`FusedLinear`); same modules and state dict."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._gate_up = FusedLinear()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self._gate_up(x, (self.gate_proj, self.up_proj)).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
+
+
 class EagleDecoderLayer(nn.Module):
     """A Llama decoder layer without input_layernorm (the EAGLE-1/2 head layer)."""
 
     def __init__(self, config: EagleConfig):
         super().__init__()
         self.self_attn = EagleAttention(config)
-        self.mlp = LlamaMLP(config)
+        self.mlp = EagleMLP(config)
         self.post_attention_layernorm = EagleRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, x, cos_sin, attention_mask, past_key_value):

@@ -44,12 +44,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from .configuration_eagle import Eagle3Config, official_feature_ids
 from ..kernels.cpu import is_optimized
 from .formats import save_head
-from .modeling_eagle import EagleAttention, EagleDraftModel, EagleRMSNorm, KVCache, _merged_vocab, _TargetBinding
+from .modeling_eagle import EagleAttention, EagleDraftModel, EagleMLP, EagleRMSNorm, KVCache, _merged_vocab, _TargetBinding
 from ..kernels.reserved_cache import KVBuffer
 
 
@@ -70,7 +70,7 @@ class Eagle3DecoderLayer(nn.Module):
     def __init__(self, config: Eagle3Config):
         super().__init__()
         self.self_attn = Eagle3Attention(config)
-        self.mlp = LlamaMLP(config)
+        self.mlp = EagleMLP(config)
         self.input_layernorm = EagleRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.hidden_norm = EagleRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = EagleRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
