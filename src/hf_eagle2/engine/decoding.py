@@ -64,57 +64,26 @@ def eagle_generate(
     """Tree-speculative decoding (greedy or sampling); the `custom_generate` body behind `generate(..., tree=...)`."""
     _check_supported(model, input_ids, generation_config, model_kwargs, logits_processor, synced_gpus)
     target = TargetModel(model, feature_ids=draft.target_feature_ids(model))  # the head's features, same forward
-    cache = model_kwargs.get("cache")
-    if cache is None:
-        cache = DynamicCache(config=model.config)
-    stack_empty_cache(cache)  # an empty dynamic cache keeps every layer in one tensor: pruning is one gather
-    check_cache_supported(cache)
-    if getattr(cache, "_hf_eagle2_holes", False):
-        raise ValueError(HOLES_MESSAGE)
-    cached = cache.get_seq_length()  # > 0: a cache from an earlier turn, reused (multi-turn chat)
-    cache.activate_past_recording()
-    # a StaticCache has a fixed length: trees must fit in what is left of it
-    full_layer = target.type_layer.get("full_attention", 0)
-    static_capacity = cache.get_max_length(full_layer) if isinstance(cache, StaticCache) else None
     bsz, prompt_len = input_ids.shape
     device = input_ids.device
-    stopper = BlockStopper(stopping_criteria, bsz)
-    # a MaxLengthCriteria passed by the caller replaces generate's own (transformers merges them so): the length
-    # plain decoding stops at is the criteria's, which may exceed generation_config.max_length
-    max_length = stopper.max_length if stopper.max_length is not None else generation_config.max_length
     if target.max_positions is not None and prompt_len > target.max_positions:
         raise ValueError(
             f"the prompt has {prompt_len} tokens, more than the model's max_position_embeddings={target.max_positions}"
         )
     if bsz > 1 and streamer is not None:
         raise ValueError("streamers support batch size 1 only")
-    if bsz > 1 and static_capacity is not None:
-        raise NotImplementedError(
-            "tree speculation with a StaticCache supports batch size 1: batched rounds leave holes in the cache "
-            "(rows accept different lengths), which would use up the preallocated room; use the default cache"
-        )
-    compiled_verify = None  # tree_compile over a static cache: the verify pass is one compiled call too
-    if options.compile and compiles_verify(cache):
-        compiled_verify = CompiledVerify(target, cache, static_capacity, generation_config.compile_config)
-    elif generation_config.compile_config is not None:
-        raise ValueError(
-            "tree speculation compiles the target's forward only with tree_compile=True over a full-attention static "
-            "cache (cache_implementation='static'), as transformers compiles decoding only over a static cache; "
-            "otherwise the tree's passes change shape every round. Pass both, or drop compile_config"
-        )
-    attention_mask = model_kwargs.get("attention_mask")
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    if cached:
-        if bsz > 1 or not bool(attention_mask.all()):
-            raise NotImplementedError("reusing a cache from an earlier turn is supported for batch size 1 without padding")
-        if cached >= prompt_len:
-            raise ValueError(
-                f"the cache passed in already holds {cached} tokens but input_ids has {prompt_len}: pass the whole "
-                "conversation so far (the previous output plus the new turn) as input_ids"
-            )
-    valid_prompt = attention_mask.bool()
-    prompt_pos = (attention_mask.long().cumsum(-1) - 1).masked_fill(~valid_prompt, 1)
+    want_scores = generation_config.return_dict_in_generate and (
+        generation_config.output_scores or generation_config.output_logits
+    )
+    if want_scores and bsz > 1:
+        raise NotImplementedError("output_scores/output_logits with tree speculation support batch size 1 only")
+    tc = _TargetCache.open(target, model_kwargs.get("cache"), bsz, options, generation_config.compile_config)
+    cache, cached, static_capacity = tc.cache, tc.cached, tc.static_capacity
+    attention_mask, valid_prompt, prompt_pos = _prompt_mask(input_ids, model_kwargs.get("attention_mask"), cached)
+    stopper = BlockStopper(stopping_criteria, bsz)
+    # a MaxLengthCriteria passed by the caller replaces generate's own (transformers merges them so): the length
+    # plain decoding stops at is the criteria's, which may exceed generation_config.max_length
+    max_length = stopper.max_length if stopper.max_length is not None else generation_config.max_length
     pad_id = generation_config._pad_token_tensor
     pad_id = int(pad_id) if pad_id is not None else 0
 
@@ -124,11 +93,6 @@ def eagle_generate(
     stats.target_forwards_per_row = [0] * bsz
     timer = Timer(stats, device, sync=options.profile)
     calib = _CalibrationLog() if options.record_calibration else None
-    want_scores = generation_config.return_dict_in_generate and (
-        generation_config.output_scores or generation_config.output_logits
-    )
-    if want_scores and bsz > 1:
-        raise NotImplementedError("output_scores/output_logits with tree speculation support batch size 1 only")
     scores_out, logits_out = [], []
     if streamer is not None:
         streamer.put(input_ids.cpu())
@@ -145,16 +109,7 @@ def eagle_generate(
         logits_out.append(raw[0])
     if static_capacity is not None:
         stack_static_cache(cache)  # full-attention static layers in one tensor: pruning is one gather
-    budget = None
-    per_round_budget = options.per_round_budget  # read before resolving: it asks whether a size is "auto"
-    options = options.resolved(device)
-    if per_round_budget:
-        from .budget import round_budget
-
-        budget = round_budget(model, draft.bind(model), options.top_k)
-    # the head's context starts where this call's prefill does: the reused part has no features here, and the
-    # head only proposes, so a shorter head context costs acceptance, never exactness
-    drafter = EagleDrafter(draft, model, options, timer=timer, budget=budget, context_start=cached)
+    drafter = _open_drafter(model, draft, options, timer, cached, device)
     drafter.add_features(hidden, valid_prompt[:, cached:])
 
     out = _Output(input_ids, max_length, pad_id, stopper, streamer, stats)
@@ -173,7 +128,7 @@ def eagle_generate(
         with timer("draft_s"):
             rows = out.rows() if drafter.ngram is not None else None
             tree = drafter.draft_tree(slots.tokens, slots.pos.clamp(min=0), max_depth, max_nodes, rows=rows)
-        hidden, raw, written = _verify(target, cache, tree, slots, compiled_verify, timer)
+        hidden, raw, written = _verify(target, cache, tree, slots, tc.compiled_verify, timer)
         with timer("bookkeeping_s"):
             processed = process_node_logits(raw, tree, out.rows(), logits_processor)
             acc = accept(tree, sample_choices(processed) if do_sample else processed.argmax(-1))
@@ -210,7 +165,7 @@ def eagle_generate(
         if hasattr(layer, "record_past"):
             layer.record_past = False
     stats.total_s = stats.prefill_s + stats.round_s
-    stats.verify_compiled = 0 if compiled_verify is None else compiled_verify.calls
+    stats.verify_compiled = 0 if tc.compiled_verify is None else tc.compiled_verify.calls
     if calib is not None:
         stats.calibration = calib.as_dict()
     output = out.sequences[:, : max(out.seq_len)]
@@ -224,6 +179,76 @@ def eagle_generate(
         cache=cache,
         eagle_stats=stats,
     )
+
+
+@dataclass
+class _TargetCache:
+    """The target's cache for one call: `cache` (the caller's, reused, or a new dynamic one), `cached` tokens it
+    held on entry (> 0: an earlier turn's, reused), `static_capacity` (a StaticCache's length: trees must fit in
+    what is left of it; None otherwise), and `compiled_verify` (tree_compile over a full-attention static cache)."""
+
+    cache: object
+    cached: int
+    static_capacity: int | None
+    compiled_verify: CompiledVerify | None
+
+    @classmethod
+    def open(cls, target: TargetModel, cache, bsz: int, options: TreeOptions, compile_config) -> "_TargetCache":
+        if cache is None:
+            cache = DynamicCache(config=target.model.config)
+        stack_empty_cache(cache)  # an empty dynamic cache keeps every layer in one tensor: pruning is one gather
+        check_cache_supported(cache)
+        if getattr(cache, "_hf_eagle2_holes", False):
+            raise ValueError(HOLES_MESSAGE)
+        full_layer = target.type_layer.get("full_attention", 0)
+        static_capacity = cache.get_max_length(full_layer) if isinstance(cache, StaticCache) else None
+        if bsz > 1 and static_capacity is not None:
+            raise NotImplementedError(
+                "tree speculation with a StaticCache supports batch size 1: batched rounds leave holes in the cache "
+                "(rows accept different lengths), which would use up the preallocated room; use the default cache"
+            )
+        cached = cache.get_seq_length()
+        cache.activate_past_recording()
+        compiled_verify = None  # tree_compile over a static cache: the verify pass is one compiled call too
+        if options.compile and compiles_verify(cache):
+            compiled_verify = CompiledVerify(target, cache, static_capacity, compile_config)
+        elif compile_config is not None:
+            raise ValueError(
+                "tree speculation compiles the target's forward only with tree_compile=True over a full-attention "
+                "static cache (cache_implementation='static'), as transformers compiles decoding only over a static "
+                "cache; otherwise the tree's passes change shape every round. Pass both, or drop compile_config"
+            )
+        return cls(cache, cached, static_capacity, compiled_verify)
+
+
+def _open_drafter(model, draft, options: TreeOptions, timer, cached: int, device) -> EagleDrafter:
+    """The head's side of the call, its options resolved for the inputs' device (and "auto" sizes given a
+    per-round budget from the measured cost curve). The head's context starts where this call's prefill does
+    (`cached`): a reused cache's part has no features here, and the head only proposes, so a shorter head context
+    costs acceptance, never exactness."""
+    budget, resolved = None, options.resolved(device)
+    if options.per_round_budget:  # asked before resolving: whether a size is "auto"
+        from .budget import round_budget
+
+        budget = round_budget(model, draft.bind(model), resolved.top_k)
+    return EagleDrafter(draft, model, resolved, timer=timer, budget=budget, context_start=cached)
+
+
+def _prompt_mask(input_ids, attention_mask, cached: int):
+    """(attention_mask, valid (B, S) bool, logical positions (B, S)) of the prompt; cached: tokens a reused cache
+    holds already (batch size 1 without padding only)."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if cached:
+        if input_ids.shape[0] > 1 or not bool(attention_mask.all()):
+            raise NotImplementedError("reusing a cache from an earlier turn is supported for batch size 1 without padding")
+        if cached >= input_ids.shape[1]:
+            raise ValueError(
+                f"the cache passed in already holds {cached} tokens but input_ids has {input_ids.shape[1]}: pass the "
+                "whole conversation so far (the previous output plus the new turn) as input_ids"
+            )
+    valid = attention_mask.bool()
+    return attention_mask, valid, (attention_mask.long().cumsum(-1) - 1).masked_fill(~valid, 1)
 
 
 def _scores_so_far(done: list[torch.Tensor], step: Callable[[int], torch.Tensor] | None = None) -> Callable:
