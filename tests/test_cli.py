@@ -151,6 +151,8 @@ def test_train_head_smoke_end_to_end_then_skips_what_is_done(tiny_target, tmp_pa
     assert [r["step"] for r in records] == steps and all(r["status"] == "done" for r in records)
     assert all(r["seconds"] > 0 and r["command"].startswith("hf-eagle2 ") for r in records)
     assert first["compute_seconds"] == pytest.approx(sum(r["seconds"] for r in records), abs=0.01)
+    assert all(r["cpu_seconds"] > 0 for r in records)  # what a compute budget counts
+    assert first["compute_cpu_seconds"] == pytest.approx(sum(r["cpu_seconds"] for r in records), abs=0.01)
 
     capsys.readouterr()
     assert main(argv) == 0  # again: every step is done
@@ -167,3 +169,19 @@ def test_train_head_smoke_end_to_end_then_skips_what_is_done(tiny_target, tmp_pa
     assert "extract_hours=" in third[-1]["command"]
     with pytest.raises(SystemExit, match="holds a train-head run of recipe 'smoke'"):
         main(["train-head", "--target", folder, "--recipe", "eagle2-sharegpt", "--out", out, "--dry-run"])
+
+
+def test_a_bf16_target_trains_on_its_own_bf16_distribution():
+    """train-head --dtype bfloat16 extracts in bf16 and trains with bf16 autocast and bf16 soft labels (the bf16
+    target's own distribution, and a quarter of a 1.5B head's step cheaper); fp32 keeps fp32 labels."""
+    from hf_eagle2.training import recipes
+
+    def train_step(dtype):
+        recipe = recipes.with_overrides(recipes.get_recipe("eagle2-sharegpt"), dtype=dtype)
+        (step,) = [s for s in recipes.plan(recipe, "smollm2", "/tmp/unused", evaluate=False) if s.name == "train"]
+        return step
+
+    bf16, fp32 = train_step("bfloat16"), train_step("float32")
+    assert bf16.argv[bf16.argv.index("--soft-labels") + 1] == "bfloat16" and bf16.settings["soft_labels"] == "bfloat16"
+    assert "--autocast" in bf16.argv
+    assert "--soft-labels" not in fp32.argv and "soft_labels" not in fp32.settings

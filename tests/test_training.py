@@ -221,6 +221,31 @@ def test_loss_on_all_positions_trains_every_real_token_and_is_part_of_the_run(sm
         _config(tmp_path, loss_positions="prompts")
 
 
+def test_bf16_soft_labels_are_the_bf16_targets_distribution_and_part_of_the_run(smollm2, real_features, tmp_path):
+    """soft_labels="bfloat16" takes the CE term's labels from the lm_head rows in bf16 (what a bf16 target computes):
+    the loss moves by rounding only, the labels are exactly a bf16 GEMM's softmax, and a checkpoint of an fp32-label
+    run does not resume as a bf16-label one."""
+    model, _ = smollm2
+    data = FeatureSet.load([real_features], 64)
+    trainer = Trainer(_config(tmp_path, max_steps=1, soft_labels="bfloat16"), model, data=data, progress=False)
+    assert trainer.label_weight.dtype == torch.bfloat16 and torch.equal(trainer.label_weight, trainer.lm_weight.bfloat16())
+    batch = data.batch([0, 1])
+    with torch.no_grad():
+        fp32, _ = eagle_loss(trainer.head, trainer.lm_weight, batch, 0.0, 1.0)
+        bf16, _ = eagle_loss(trainer.head, trainer.lm_weight, batch, 0.0, 1.0, label_weight=trainer.label_weight)
+        # the CE term against labels computed by hand in bf16 (feature term unchanged)
+        probe, _ = eagle_loss(trainer.head, trainer.lm_weight, batch, 0.0, 1.0,
+                              label_weight=trainer.lm_weight.double())  # another precision: another loss
+    assert fp32.item() != bf16.item() and abs(fp32.item() - bf16.item()) < 0.02 * abs(fp32.item())
+    assert abs(probe.item() - fp32.item()) < 1e-4 * abs(fp32.item())
+    trainer.train_step([0, 1])
+    trainer.save_checkpoint()
+    with pytest.raises(ValueError, match="soft_labels"):
+        Trainer(_config(tmp_path, max_steps=2), model, data=data, progress=False).load_checkpoint()
+    with pytest.raises(ValueError, match="soft_labels must be"):
+        _config(tmp_path, soft_labels="float16")
+
+
 def test_a_narrower_head_mlp_is_a_setting_of_the_run(smollm2, real_features, tmp_path):
     model, _ = smollm2
     data = FeatureSet.load([real_features], 64)

@@ -70,6 +70,7 @@ class TrainSettings:
     head_dtype: str | None = "float16"  # the saved head's dtype (half the file)
     head_intermediate_size: int | None = None  # the head's MLP width (None: the target's)
     loss_positions: str = "answers"  # or "all": every position of teacher-forced data trains
+    soft_labels: str = "float32"  # or "bfloat16": the bf16 target's own distribution (cheaper: `data train`)
 
 
 @dataclass(frozen=True)
@@ -172,14 +173,15 @@ def with_overrides(recipe: Recipe, *, max_tokens: int | None = None, max_convers
                    head_intermediate_size: int | None = None, loss_positions: str | None = None) -> Recipe:
     """The recipe with its main knobs replaced (None keeps the recipe's). A token budget or a conversation count
     replaces the recipe's budget of the training folder (both may be given); `dtype` is the target's in extraction,
-    and training then autocasts to bf16 exactly when it is bfloat16 (the shipped heads' fp32 stages trained in
-    fp32)."""
+    and training then autocasts to bf16 and matches the bf16 target's distribution exactly when it is bfloat16
+    (the shipped heads' fp32 stages trained in fp32)."""
     ex, tr = recipe.extract, recipe.train
     if max_tokens is not None or max_conversations is not None:
         ex = replace(ex, max_tokens=max_tokens, max_conversations=max_conversations)
     if dtype is not None:
         ex = replace(ex, dtype=dtype)
-        tr = replace(tr, autocast="bfloat16" if dtype == "bfloat16" else None)
+        bf16 = dtype == "bfloat16"
+        tr = replace(tr, autocast="bfloat16" if bf16 else None, soft_labels="bfloat16" if bf16 else "float32")
     given = lambda **values: {k: v for k, v in values.items() if v is not None}  # noqa: E731
     ex = replace(ex, **given(kernels=kernels))
     tr = replace(tr, **given(draft_vocab_size=draft_vocab_size, head_intermediate_size=head_intermediate_size,
@@ -264,6 +266,9 @@ def plan(recipe: Recipe, target: str, out: str, *, threads: int | None = None, e
         config["loss_positions"] = tr.loss_positions
     if tr.head_intermediate_size is not None:
         config["head_intermediate_size"] = tr.head_intermediate_size
+    if tr.soft_labels != "float32":
+        argv += ["--soft-labels", tr.soft_labels]
+        config["soft_labels"] = tr.soft_labels
     train_settings = config | {"model": target, "head_dtype": tr.head_dtype}
     steps.append(Step("train", argv + thread_args, train_settings, f["head"],
                       _bind(training_complete, f["head"], config)))  # fmt: skip
@@ -360,7 +365,7 @@ def _now() -> str:
 
 class RunLog:
     """OUT/train-head.json: the recipe, the target and every invocation's steps (command, settings, status:
-    done / skipped / failed / interrupted, wall seconds). Written after every change, atomically."""
+    done / skipped / failed / interrupted, wall and CPU seconds). Written after every change, atomically."""
 
     def __init__(self, path: str, data: dict):
         self.path, self.data = path, data
@@ -396,6 +401,8 @@ class RunLog:
 
     def save(self) -> None:
         self.data["compute_seconds"] = round(self.seconds(), 3)  # every invocation's steps, failed ones included
+        self.data["compute_cpu_seconds"] = round(sum(r.get("cpu_seconds", 0.0) for r in self.records()), 3)  # steps
+        # recorded before CPU time was logged count 0 here
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with open(self.path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(self.data, f, indent=2)
@@ -429,15 +436,18 @@ def run_steps(steps: list[Step], log: RunLog, run: dict, execute: Callable[[list
                   "settings": _jsonable(step.settings), "seconds": 0.0, "at": _now()}  # fmt: skip
         run["steps"].append(record)
         log.save()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
+
+        def spent() -> dict:  # wall seconds, and CPU seconds of all the process's threads (what a budget counts)
+            return {"seconds": round(time.perf_counter() - start, 3), "cpu_seconds": round(time.process_time() - cpu_start, 3)}
+
         try:
             execute(argv)
         except BaseException as e:  # the time spent counts, and the next invocation runs the step again
-            record.update(status="failed" if isinstance(e, Exception) else "interrupted", error=repr(e)[:2000],
-                          seconds=round(time.perf_counter() - start, 3))  # fmt: skip
+            record.update(status="failed" if isinstance(e, Exception) else "interrupted", error=repr(e)[:2000], **spent())
             log.save()
             raise
-        record.update(status="done", seconds=round(time.perf_counter() - start, 3))
+        record.update(status="done", **spent())
         log.save()
     if not dry_run:
         run["seconds"] = round(sum(r["seconds"] for r in run["steps"]), 3)
