@@ -35,6 +35,18 @@ def test_best_size_hand_computed():
     assert budget().best_size(torch.full((1, 4), math.log(1e-3)), levels=2) == 0
 
 
+def test_a_lagged_budget_keeps_the_previous_rounds_choice():
+    """Accelerators: round r keeps the size chosen from round r-1's values (the first round: all candidates), so
+    the choice is read after round r-1's own sync instead of as a sync of its own."""
+    b = budget()
+    b.early_stop, b.lagged = False, True
+    confident, doubtful = torch.tensor([[0.9, 0.5, 0.1, 0.05]]).log(), torch.full((1, 4), math.log(1e-3))
+    assert b.best_size(confident, levels=2) == 4  # no choice yet: every candidate
+    assert b.best_size(doubtful, levels=2) == 2  # the confident round's choice (as the unlagged test above)
+    assert b.best_size(confident, levels=2) == 0  # the doubtful round's
+    assert b.best_size(confident[:, :1], levels=2) == 1  # never more than this round's candidates
+
+
 def test_worth_expanding_compares_gain_with_a_head_step():
     b = budget(step=0.005)  # a plain step costs 0.040 s: a depth is worth it when its frontier holds > 0.125 tokens
     assert b.worth_expanding(torch.tensor([[0.1, 0.05]]).log())

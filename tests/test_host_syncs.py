@@ -1,5 +1,5 @@
 """Host syncs per round: the tree loop reads the device once a round for batch-1 greedy decoding with a fixed tree
-(twice with the per-round budget, whose size choice is a read).
+(with the per-round budget too: on accelerators its size choice is read a round late, with the next round's read).
 
 On a GPU every `.item()`, `.tolist()`, `bool(t)`, `int(t)` or `.nonzero()` waits for the device to finish, so
 they are what keeps a speculative loop from overlapping host and device work. `count_round_ops` counts them (the
@@ -26,21 +26,31 @@ def test_fixed_tree_greedy_round_reads_the_host_once():
     assert per_round <= 1, per_round
 
 
-def test_per_round_budget_without_early_stop_has_at_most_two_syncs(monkeypatch):
-    """The accelerator setting: the budget's size choice is the round's second sync (early stopping, one more
-    sync per depth, is on for CPUs only)."""
+def test_per_round_budget_on_accelerators_reads_the_host_once(monkeypatch):
+    """The accelerator setting (`round_budget` on a non-CPU device): no early stop (one read per depth, CPUs only),
+    and the size choice lagged by a round, its copy read after the next round's own sync; so a round reads the
+    device once, as with a fixed tree. Without the lag the choice is a second read. Output = plain greedy."""
     original = autotune.round_budget
 
-    def accelerator_budget(*args, **kwargs):
-        budget = original(*args, **kwargs)
-        budget.early_stop = False
-        return budget
+    def accelerator_budget(lagged):
+        def make(*args, **kwargs):
+            budget = original(*args, **kwargs)
+            budget.early_stop, budget.lagged = False, lagged
+            return budget
 
-    monkeypatch.setattr(autotune, "round_budget", accelerator_budget)
+        return make
+
     model = tiny_model("llama", seed=3)
     draft = EagleDraftModel.from_target(model, seed=0)
-    per_round = syncs_per_round(model, draft, tree="eagle2", tree_top_k=4, tree_ngram=0)
-    assert per_round <= 2, per_round
+    ids = torch.tensor([[5, 9, 3, 7, 11, 4, 6]])
+    plain = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    for lagged, reads in ((True, 1), (False, 2)):
+        monkeypatch.setattr(autotune, "round_budget", accelerator_budget(lagged))
+        per_round = syncs_per_round(model, draft, tree="eagle2", tree_top_k=4, tree_ngram=0)
+        assert per_round <= reads and (lagged or per_round > 1), (lagged, per_round)
+        out = model.generate(ids, assistant_model=draft, tree="eagle2", tree_top_k=4, tree_ngram=0, max_new_tokens=24,
+                             do_sample=False, eos_token_id=None)  # fmt: skip
+        assert torch.equal(out, plain)
 
 
 def test_cpu_default_ngram_branch_sync_count():

@@ -143,4 +143,5 @@ def round_budget(model, draft, top_k: int) -> "RoundBudget":
     cost = measure_cost(model, draft, top_k)
     verify = torch.tensor([cost.verify(max(q, 1)) for q in range(VERIFY_POINTS[-1] + 2)], dtype=torch.float32)
     device = draft.fc.weight.device
-    return RoundBudget(verify.to(device), cost.draft_step_s, cost.overhead_s, early_stop=device.type == "cpu")
+    on_cpu = device.type == "cpu"  # a CPU reads once per depth (free there); accelerators once a round, lagged
+    return RoundBudget(verify.to(device), cost.draft_step_s, cost.overhead_s, early_stop=on_cpu, lagged=not on_cpu)

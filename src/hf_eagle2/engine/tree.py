@@ -276,6 +276,10 @@ class RoundBudget:
     draft_step_s: float
     overhead_s: float
     early_stop: bool = True  # one host sync per depth: worth it on CPUs, where a sync costs nothing
+    lagged: bool = False  # accelerators: a round keeps the size chosen from the previous round's values, whose read
+    # rides on that round's own host sync (a non-blocking copy to pinned memory), so a round reads the device once
+    _pending: torch.Tensor | None = field(default=None, repr=False)  # host scalar the last choice is copied into
+    _last: int | None = field(default=None, repr=False)
 
     def worth_expanding(self, frontier_logv: torch.Tensor) -> bool:
         """One more depth yields at most sum(V) of the frontier expected tokens (children's probabilities sum
@@ -293,7 +297,16 @@ class RoundBudget:
         num = min(num, self.verify_s.numel() - 2)
         gain = torch.cat([ranked_logv.new_zeros(bsz, 1), ranked_logv[:, :num].exp().cumsum(dim=1)], dim=1) + 1.0
         cost = self.verify_s[1 : num + 2].to(gain) + levels * self.draft_step_s + self.overhead_s
-        return int((gain / cost).argmax(dim=1).max())
+        choice = (gain / cost).argmax(dim=1).max()
+        if not self.lagged:
+            return int(choice)
+        # the previous round's choice: its copy finished at that round's host sync (the accepted block's read)
+        last = self._last if self._pending is None else int(self._pending.numpy())  # a host buffer: no device sync
+        if self._pending is None:
+            self._pending = torch.empty((), dtype=choice.dtype, pin_memory=choice.is_cuda)
+        self._pending.copy_(choice, non_blocking=True)
+        self._last = last
+        return num if last is None else min(last, num)
 
 
 def _depth_major(selected: torch.LongTensor, depths: torch.LongTensor) -> torch.LongTensor:
