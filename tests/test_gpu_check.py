@@ -2,6 +2,7 @@
 script is ready the day a GPU is lent."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -27,7 +28,9 @@ def test_gpu_check_smoke(tmp_path):
     assert curve["head_step_ms"] > 0
     for name in ("accelerator_round", "accelerator_round_compiled", "budget_defaults"):
         split = result["round_split"][name]
-        assert split["rounds"] > 0 and split["tau"] >= 1 and split["wall_ms"] > 0, (name, split)
+        # wall_ms is a difference of two timed calls over their difference in rounds: noise can make the smoke's
+        # tiny one negative on a loaded machine, so only its presence is checked here (the GPU run reads it)
+        assert split["rounds"] > 0 and split["tau"] >= 1 and math.isfinite(split["wall_ms"]), (name, split)
         assert set(split["profiled_ms"]) == {"draft_model", "tree_build", "verify", "bookkeeping", "outside_target"}
         assert all(ms >= 0 for ms in split["profiled_ms"].values()), (name, split)
     assert result["round_split"]["accelerator_round"]["mean_tree_tokens"] > 1  # a fixed m=60 tree, cut by max depth
