@@ -279,7 +279,6 @@ class RoundBudget:
     lagged: bool = False  # accelerators: a round keeps the size chosen from the previous round's values, whose read
     # rides on that round's own host sync (a non-blocking copy to pinned memory), so a round reads the device once
     _pending: torch.Tensor | None = field(default=None, repr=False)  # host scalar the last choice is copied into
-    _last: int | None = field(default=None, repr=False)
 
     def worth_expanding(self, frontier_logv: torch.Tensor) -> bool:
         """One more depth yields at most sum(V) of the frontier expected tokens (children's probabilities sum
@@ -301,12 +300,12 @@ class RoundBudget:
         if not self.lagged:
             return int(choice)
         # the previous round's choice: its copy finished at that round's host sync (the accepted block's read)
-        last = self._last if self._pending is None else int(self._pending.numpy())  # a host buffer: no device sync
-        if self._pending is None:
-            self._pending = torch.empty((), dtype=choice.dtype, pin_memory=choice.is_cuda)
+        if self._pending is None:  # the first round: no choice yet, every candidate
+            self._pending, last = torch.empty((), dtype=choice.dtype, pin_memory=choice.is_cuda), num
+        else:
+            last = min(int(self._pending.numpy()), num)  # a host buffer: no device sync
         self._pending.copy_(choice, non_blocking=True)
-        self._last = last
-        return num if last is None else min(last, num)
+        return last
 
 
 def _depth_major(selected: torch.LongTensor, depths: torch.LongTensor) -> torch.LongTensor:

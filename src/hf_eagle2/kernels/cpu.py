@@ -69,6 +69,12 @@ def packable(dtype: torch.dtype) -> bool:
     return True
 
 
+def tensor_stamp(tensor: torch.Tensor) -> tuple[int, int]:
+    """(data_ptr, version counter) of a tensor: changes when it is replaced or written in place (inference tensors
+    keep no version counter: -1), so a cache derived from it knows when to rebuild."""
+    return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
+
+
 class PackedWeight:
     """A weight (N, K) reordered for oneDNN, rebuilt when the source tensor changes."""
 
@@ -78,8 +84,7 @@ class PackedWeight:
         self._key, self._packed = None, None
 
     def get(self, weight: torch.Tensor) -> torch.Tensor:
-        version = -1 if weight.is_inference() else weight._version  # inference tensors keep no version counter
-        key = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
+        key = (*tensor_stamp(weight), weight.dtype, tuple(weight.shape))
         if key != self._key:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             self._key = key

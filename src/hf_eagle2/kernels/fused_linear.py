@@ -15,17 +15,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu import PackedLinear, PackedWeight, packed_linear
+from .cpu import PackedLinear, PackedWeight, packed_linear, tensor_stamp
 
 
 class FusedLinear:
     """`torch.cat([m(x) for m in linears], -1)` as one GEMM. Hold it as a plain attribute (not a submodule):
     the linears stay where they are, and the cache is never saved (deep copies start empty)."""
 
-    __slots__ = ("_key", "_weight", "_bias", "_packed")
+    __slots__ = ("_key", "_sources", "_weight", "_bias", "_packed")
 
     def __init__(self):
-        self._key, self._weight, self._bias, self._packed = None, None, None, PackedWeight()
+        self._key, self._sources, self._weight, self._bias, self._packed = None, None, None, None, PackedWeight()
 
     def __deepcopy__(self, memo) -> "FusedLinear":
         return FusedLinear()
@@ -43,14 +43,12 @@ class FusedLinear:
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))):
             bias = None if biases[0] is None else torch.cat(biases)
             return F.linear(x, torch.cat(weights), bias)
-        key = tuple((w, w.data_ptr(), -1 if w.is_inference() else w._version) for w in weights)
-        key += tuple((b, b.data_ptr(), -1 if b.is_inference() else b._version) for b in biases if b is not None)
-        if self._key is None or len(key) != len(self._key) or any(
-            a[0] is not b[0] or a[1:] != b[1:] for a, b in zip(key, self._key)
-        ):
+        sources = [t for t in (*weights, *biases) if t is not None]
+        key = tuple((id(t), *tensor_stamp(t)) for t in sources)  # ids stay valid: _sources holds the tensors
+        if key != self._key:
             self._weight = torch.cat(weights).detach()
             self._bias = None if biases[0] is None else torch.cat(biases).detach()
-            self._key = key
+            self._key, self._sources = key, sources
         first = linears[0]
         if type(first) is PackedLinear:
             min_rows = first.__dict__.get("_min_rows", {}).get(self._weight.dtype, 1)
