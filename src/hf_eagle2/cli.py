@@ -665,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "forced features hold the target everywhere)")
     p.add_argument("--soft-labels", choices=["float32", "bfloat16"], default="float32",
                    help="precision of the target distribution the CE term matches: bfloat16 is the bf16 target's own "
-                        "(its lm_head GEMM in bf16, ~4x cheaper on CPUs with AMX / AVX512-BF16)")
+                        "(its lm_head GEMM in bf16: a 1.5B head's step 1.17x faster on a 2-core Xeon with AMX)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=200)

@@ -119,7 +119,8 @@ class TrainConfig:
     # slower than float32 on CPUs that emulate bf16 (no AVX512-BF16 or AMX: the Trainer warns there)
     soft_labels: str = "float32"  # the precision of the target's distribution the CE term matches: "bfloat16" is
     # the bf16 target's own (its lm_head rows and logits in bf16, softmax in fp32). In fp32 that GEMM (tokens x
-    # draft vocabulary x hidden) was 24% of a 1.5B head's bf16-autocast step (py-spy, 2-core Xeon); bf16 is ~4x cheaper
+    # draft vocabulary x hidden) was 24% of a 1.5B head's bf16-autocast step (py-spy, 2-core Xeon); with bf16
+    # labels the step ran 1.17x faster
     init: str | None = None  # a head (folder or Hub id) to start from instead of a random one; its draft
     # vocabulary is kept, so draft_vocab_size must match it (unless grow_vocab)
     grow_vocab: bool = False  # with init: grow the head's draft vocabulary to draft_vocab_size with the most
@@ -304,7 +305,7 @@ def eagle_loss(head: EagleDraftModel, lm_weight: torch.Tensor, batch: dict, nois
                label_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:  # fmt: skip
     """EAGLE loss on a right-padded batch; lm_weight: (N, H) target lm_head rows of the draft vocabulary;
     label_weight: the same rows in the soft labels' precision (None: fp32, outside autocast; bf16 makes the labels
-    the bf16 target's own distribution, and their GEMM ~4x cheaper: a quarter of a 1.5B-head step in fp32).
+    the bf16 target's own distribution, and cheaper: in fp32 they were a quarter of a 1.5B-head step).
 
     unroll > 1 adds "training-time test" passes (as in EAGLE-3 / HASS): pass s feeds the head its own
     prediction from pass s-1 at the previous position, attending to the true pairs before it, to its own earlier
