@@ -185,3 +185,21 @@ def test_a_bf16_target_trains_on_its_own_bf16_distribution():
     assert bf16.argv[bf16.argv.index("--soft-labels") + 1] == "bfloat16" and bf16.settings["soft_labels"] == "bfloat16"
     assert "--autocast" in bf16.argv
     assert "--soft-labels" not in fp32.argv and "soft_labels" not in fp32.settings
+
+
+def test_train_head_can_shrink_its_evaluation():
+    """--eval-limit / --eval-max-new-tokens reach eval-head's command line and its step settings (a resumed run with
+    other evaluation settings runs it again); left out, the recipe's 80 + 40 prompts at 256 tokens stand."""
+    from hf_eagle2.training import recipes
+
+    def eval_step(**overrides):
+        recipe = recipes.with_overrides(recipes.get_recipe("eagle2-sharegpt"), **overrides)
+        (step,) = [s for s in recipes.plan(recipe, "smollm2", "/tmp/unused") if s.name == "eval"]
+        return step
+
+    small, default = eval_step(eval_limit="mtbench=5,humaneval=5", eval_max_new_tokens=128), eval_step()
+    assert small.argv[small.argv.index("--limit") + 1] == "mtbench=5,humaneval=5"
+    assert small.argv[small.argv.index("--max-new-tokens") + 1] == "128"
+    assert (small.settings["limit"], small.settings["max_new_tokens"]) == ("mtbench=5,humaneval=5", 128)
+    assert default.argv[default.argv.index("--limit") + 1] == "mtbench=80,humaneval=40"
+    assert default.settings["max_new_tokens"] == 256

@@ -300,7 +300,8 @@ def cmd_train_head(args) -> None:
                                     max_conversations=args.max_conversations, epochs=args.epochs, dtype=args.dtype,
                                     kernels=args.kernels, draft_vocab_size=args.draft_vocab_size,
                                     head_intermediate_size=args.head_intermediate_size,
-                                    loss_positions=args.loss_positions)
+                                    loss_positions=args.loss_positions, eval_limit=args.eval_limit,
+                                    eval_max_new_tokens=args.eval_max_new_tokens)
     hub_name = HUB_NAMES.get(args.target) or (args.target if args.target.count("/") == 1 and not
                                               os.path.exists(args.target) else None)  # fmt: skip
     steps = recipes.plan(recipe, args.target, args.out, threads=args.threads, evaluate=args.eval,
@@ -528,6 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train on the assistant tokens (the recipes' choice) or on every position")
     p.add_argument("--eval", action=argparse.BooleanOptionalAction, default=True,
                    help="evaluate the head (eval-head, the recipe's datasets) before the card (default: yes)")
+    p.add_argument("--eval-limit", default=None, help="eval-head's prompts per dataset, in place of the recipe's "
+                                                      "(as bench --limit: mtbench=10,humaneval=10)")  # fmt: skip
+    p.add_argument("--eval-max-new-tokens", type=int, default=None,
+                   help="eval-head's new tokens per prompt, in place of the recipe's")
     p.add_argument("--dry-run", action="store_true", help="print the steps and which are done, run nothing")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_train_head)

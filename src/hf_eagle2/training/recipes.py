@@ -170,12 +170,14 @@ def get_recipe(name: str) -> Recipe:
 def with_overrides(recipe: Recipe, *, max_tokens: int | None = None, max_conversations: int | None = None,
                    epochs: float | None = None, dtype: str | None = None, max_steps: int | None = None,
                    kernels: str | None = None, draft_vocab_size: int | None = None,
-                   head_intermediate_size: int | None = None, loss_positions: str | None = None) -> Recipe:
+                   head_intermediate_size: int | None = None, loss_positions: str | None = None,
+                   eval_limit: str | None = None, eval_max_new_tokens: int | None = None) -> Recipe:
     """The recipe with its main knobs replaced (None keeps the recipe's). A token budget or a conversation count
     replaces the recipe's budget of the training folder (both may be given); `dtype` is the target's in extraction,
     and training then autocasts to bf16 and matches the bf16 target's distribution exactly when it is bfloat16
-    (the shipped heads' fp32 stages trained in fp32)."""
-    ex, tr = recipe.extract, recipe.train
+    (the shipped heads' fp32 stages trained in fp32). `eval_limit` / `eval_max_new_tokens` shrink eval-head for a
+    target whose 120 prompts at 256 tokens would take hours (a 1.5B on a CPU)."""
+    ex, tr, ev = recipe.extract, recipe.train, recipe.eval
     if max_tokens is not None or max_conversations is not None:
         ex = replace(ex, max_tokens=max_tokens, max_conversations=max_conversations)
     if dtype is not None:
@@ -186,7 +188,8 @@ def with_overrides(recipe: Recipe, *, max_tokens: int | None = None, max_convers
     ex = replace(ex, **given(kernels=kernels))
     tr = replace(tr, **given(draft_vocab_size=draft_vocab_size, head_intermediate_size=head_intermediate_size,
                              loss_positions=loss_positions, epochs=epochs, max_steps=max_steps))  # fmt: skip
-    return replace(recipe, extract=ex, train=tr)
+    ev = replace(ev, **given(limit=eval_limit, max_new_tokens=eval_max_new_tokens))
+    return replace(recipe, extract=ex, train=tr, eval=ev)
 
 
 def describe(recipe: Recipe) -> str:
