@@ -203,3 +203,11 @@ def test_train_head_can_shrink_its_evaluation():
     assert (small.settings["limit"], small.settings["max_new_tokens"]) == ("mtbench=5,humaneval=5", 128)
     assert default.argv[default.argv.index("--limit") + 1] == "mtbench=80,humaneval=40"
     assert default.settings["max_new_tokens"] == 256
+
+
+def test_train_head_refuses_evaluation_settings_with_no_eval(tmp_path):
+    """--no-eval skips eval-head, so settings for it would be silently ignored: refused, naming both flags."""
+    with pytest.raises(SystemExit, match="--no-eval skips"):
+        main(["train-head", "--recipe", "eagle2-sharegpt", "--out", str(tmp_path), "--no-eval",
+              "--eval-limit", "mtbench=5"])  # fmt: skip
+    assert not any(tmp_path.iterdir())  # refused before the run log is written

@@ -296,6 +296,9 @@ def cmd_train_head(args) -> None:
         return
     if not args.recipe or not args.out:
         raise SystemExit("hf-eagle2 train-head: give --recipe and --out (or --list-recipes)")
+    if not args.eval and (args.eval_limit is not None or args.eval_max_new_tokens is not None):
+        raise SystemExit("hf-eagle2 train-head: --eval-limit / --eval-max-new-tokens set eval-head's run, which "
+                         "--no-eval skips; give one or the other")  # fmt: skip
     recipe = recipes.with_overrides(recipes.get_recipe(args.recipe), max_tokens=args.max_tokens,
                                     max_conversations=args.max_conversations, epochs=args.epochs, dtype=args.dtype,
                                     kernels=args.kernels, draft_vocab_size=args.draft_vocab_size,
