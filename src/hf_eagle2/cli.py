@@ -272,13 +272,14 @@ def cmd_train(args) -> None:
         head_intermediate_size=args.head_intermediate_size, soft_labels=args.soft_labels,
     )  # fmt: skip
     trainer = Trainer(config, model)
+    from .evaluation.assets import HUB_NAMES, resolve_dtype
+
+    # the Hub name, not the local cache folder, in every head this run writes (snapshots included)
+    trainer.head.config.target_model = HUB_NAMES.get(args.model, trainer.head.config.target_model)
     print(f"train: {trainer.data.num_sequences} sequences, {trainer.data.num_tokens} tokens, "
           f"{trainer.steps_per_epoch} steps/epoch, {trainer.total_steps} steps")  # fmt: skip
     trainer.run(resume=not args.restart)
     head_dir = args.head_out or os.path.join(args.out, "head")
-    from .evaluation.assets import HUB_NAMES, resolve_dtype
-
-    trainer.head.config.target_model = HUB_NAMES.get(args.model, trainer.head.config.target_model)
     trainer.save_head(head_dir, dtype=resolve_dtype(args.head_dtype) if args.head_dtype else None,
                       extra={"command": _command(args)})  # fmt: skip
     print(json.dumps(trainer.history[-1], indent=2))
