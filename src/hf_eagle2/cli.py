@@ -253,7 +253,7 @@ def shard_range(text: str) -> tuple[int, int | None]:
 
 
 def cmd_train(args) -> None:
-    from .evaluation.assets import load_model
+    from .evaluation.assets import HUB_NAMES, load_model, resolve_dtype
     from .training.train import TrainConfig, Trainer
 
     _threads(args.threads)
@@ -272,8 +272,6 @@ def cmd_train(args) -> None:
         head_intermediate_size=args.head_intermediate_size, soft_labels=args.soft_labels,
     )  # fmt: skip
     trainer = Trainer(config, model)
-    from .evaluation.assets import HUB_NAMES, resolve_dtype
-
     # the Hub name, not the local cache folder, in every head this run writes (snapshots included)
     trainer.head.config.target_model = HUB_NAMES.get(args.model, trainer.head.config.target_model)
     print(f"train: {trainer.data.num_sequences} sequences, {trainer.data.num_tokens} tokens, "
