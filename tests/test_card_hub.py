@@ -58,7 +58,8 @@ def test_usage_snippet_loads_a_namespaced_repo_id():
         render_card(local, repo_id="my-head")
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct-eagle2", "smollm2-135m-instruct-eagle3"])
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct-eagle2", "smollm2-135m-instruct-eagle3",
+                                  "qwen2.5-coder-1.5b-instruct-eagle2"])
 def test_shipped_card_is_what_the_generator_writes(name):
     """The shipped cards' front matter and text are regenerated from their results.json (numbers untouched)."""
     import os
