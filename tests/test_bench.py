@@ -252,3 +252,26 @@ def test_bench_journal_resumes_where_it_stopped_and_assisted_uses_the_assistant(
         bench.run_bench(model, _Tok(), draft, journal=str(journal), **(kwargs | {"max_new_tokens": 8}))
     with pytest.raises(ValueError, match="give --assistant"):
         bench.run_bench(model, _Tok(), draft, **(kwargs | {"assistant": None}))
+
+
+def test_assisted_n_sets_the_assistants_own_draft_length():
+    """transformers reads an assistant's draft length from the assistant's generation_config, not from the target's
+    generate kwargs: `assisted_<n>` sets it there for its run (n tokens a round, no confidence stop), restores it
+    after, and stays exact. A twin assistant has every draft accepted, so n sets the target forwards."""
+    import torch
+    from conftest import tiny_model
+
+    from hf_eagle2.evaluation import bench
+
+    model, twin = tiny_model("llama", seed=3), tiny_model("llama", seed=3)
+    model.generation_config.eos_token_id = twin.generation_config.eos_token_id = None
+    ids = torch.tensor([[5, 9, 13, 2, 7, 11]])
+    before = twin.generation_config.to_dict()
+    plain, _ = bench.run_one(model, ids, "plain", None, {}, 24, kernels="stock")
+    forwards = {}
+    for method in ("assisted_1", "assisted_5"):
+        seq, run = bench.run_one(model, ids, method, None, {}, 24, kernels="stock", assistant=twin)
+        assert torch.equal(seq, plain), method
+        assert twin.generation_config.to_dict() == before, method
+        forwards[method] = run.target_forwards
+    assert forwards["assisted_1"] >= 11 and forwards["assisted_5"] <= 5, forwards

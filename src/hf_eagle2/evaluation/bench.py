@@ -109,9 +109,7 @@ def method_kwargs(method: str, draft, tree_params: dict, assistant=None) -> dict
         if assistant is None:
             raise ValueError(f"{method} is transformers' assisted decoding with a separate assistant model: give "
                              "--assistant (e.g. qwen2.5-coder-0.5b for the 1.5B)")  # fmt: skip
-        n = ASSISTED_N.match(method)
-        return {"assistant_model": assistant} | (
-            {"num_assistant_tokens": int(n.group(1)), "num_assistant_tokens_schedule": "constant"} if n else {})
+        return {"assistant_model": assistant}  # `assisted_<n>`'s draft length: `assistant_settings`
     if method == "assisted_chain":
         return {"assistant_model": draft, "num_assistant_tokens": tree_params.get("chain_depth", 4)}
     if method in TREE_METHODS:
@@ -138,6 +136,15 @@ def _full_vocab(draft):
     return _FULL_VOCAB[id(draft)]
 
 
+def assistant_settings(method: str) -> dict:
+    """The assistant's generation_config of `assisted_<n>`: n draft tokens a round under the constant schedule, with
+    no confidence early stop. transformers reads these from the assistant model's own generation_config (it ignores
+    a `num_assistant_tokens=` given to the target's generate), so `run_one` sets them there for the run."""
+    n = ASSISTED_N.match(method)
+    return {"num_assistant_tokens": int(n.group(1)), "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0} if n else {}  # fmt: skip
+
+
 def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=None, kernels="fast",
             assistant=None) -> tuple[torch.Tensor, Run]:  # fmt: skip
     from ..kernels.cpu import optimize_for_cpu
@@ -147,8 +154,11 @@ def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=No
     counter = None if kwargs.get("tree") else ForwardCounter(model)
     fast = kernels == "fast" and method != "plain_stock"
     optimize_for_cpu(model, enable=fast, release=False)  # the packed weights stay cached across switches
+    overrides = assistant_settings(method)
     if assistant is not None:
         optimize_for_cpu(assistant, enable=fast, release=False)
+        saved = {key: getattr(assistant.generation_config, key) for key in overrides}
+        assistant.generation_config.update(**overrides)
     try:
         start = time.perf_counter()
         out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, return_dict_in_generate=True, **kwargs)
@@ -156,6 +166,8 @@ def run_one(model, ids, method, draft, tree_params, max_new_tokens, reference=No
     finally:
         if counter is not None:
             counter.close()
+        if assistant is not None:  # `assisted` (transformers' defaults) runs on the assistant's own settings
+            assistant.generation_config.update(**saved)
     seq = out.sequences
     new = seq.shape[1] - ids.shape[1]
     stats = getattr(out, "eagle_stats", None)
