@@ -7,8 +7,8 @@ import yaml
 from conftest import tiny_model
 
 from hf_eagle2 import EagleDraftModel
-from hf_eagle2.heads.card import (acceptance_by_depth, assemble_results, chain_stage_commands, merge_evaluations,
-                            parse_front_matter, render_card, row_label, write_card)
+from hf_eagle2.heads.card import (acceptance_by_depth, assemble_results, card_metadata, chain_stage_commands,
+                            is_namespaced, merge_evaluations, parse_front_matter, render_card, row_label, write_card)
 from hf_eagle2.heads.formats import weights_sha256
 from hf_eagle2.heads.hub import push_head_folder
 
@@ -69,6 +69,22 @@ def test_shipped_card_is_what_the_generator_writes(name):
         results = json.load(f)
     with open(os.path.join(folder, "README.md"), encoding="utf-8") as f:
         assert f.read() == render_card(results)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct-eagle2", "smollm2-135m-instruct-eagle3",
+                                  "qwen2.5-coder-1.5b-instruct-eagle2"])
+def test_shipped_head_names_its_target_by_hub_id(name):
+    """A shipped head's config names its target as a Hub id (what `from_pretrained` users load), never the local
+    cache folder it was trained against, and the same target as its card's `base_model`."""
+    import os
+
+    folder = os.path.join(os.path.dirname(__file__), "..", "model_cards", name)
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        target = json.load(f)["target_model"]
+    with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    assert is_namespaced(target) and not os.path.isabs(target) and "cache" not in target, target
+    assert card_metadata(results)["base_model"] == target
 
 
 def test_reproduce_commands_chain_each_stage_to_the_folder_the_last_one_wrote():
