@@ -1,6 +1,7 @@
 """Model card generation from a results JSON, and Hub upload up to the network boundary."""
 
 import json
+import os
 
 import pytest
 import yaml
@@ -11,6 +12,9 @@ from hf_eagle2.heads.card import (acceptance_by_depth, assemble_results, card_me
                             is_namespaced, merge_evaluations, parse_front_matter, render_card, row_label, write_card)
 from hf_eagle2.heads.formats import weights_sha256
 from hf_eagle2.heads.hub import push_head_folder
+
+MODEL_CARDS = os.path.join(os.path.dirname(__file__), "..", "model_cards")
+SHIPPED_HEADS = sorted(os.listdir(MODEL_CARDS))  # every head folder the repo ships
 
 RESULTS = {
     "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -58,27 +62,21 @@ def test_usage_snippet_loads_a_namespaced_repo_id():
         render_card(local, repo_id="my-head")
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct-eagle2", "smollm2-135m-instruct-eagle3",
-                                  "qwen2.5-coder-1.5b-instruct-eagle2"])
+@pytest.mark.parametrize("name", SHIPPED_HEADS)
 def test_shipped_card_is_what_the_generator_writes(name):
     """The shipped cards' front matter and text are regenerated from their results.json (numbers untouched)."""
-    import os
-
-    folder = os.path.join(os.path.dirname(__file__), "..", "model_cards", name)
+    folder = os.path.join(MODEL_CARDS, name)
     with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
         results = json.load(f)
     with open(os.path.join(folder, "README.md"), encoding="utf-8") as f:
         assert f.read() == render_card(results)
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct-eagle2", "smollm2-135m-instruct-eagle3",
-                                  "qwen2.5-coder-1.5b-instruct-eagle2"])
+@pytest.mark.parametrize("name", SHIPPED_HEADS)
 def test_shipped_head_names_its_target_by_hub_id(name):
     """A shipped head's config names its target as a Hub id (what `from_pretrained` users load), never the local
     cache folder it was trained against, and the same target as its card's `base_model`."""
-    import os
-
-    folder = os.path.join(os.path.dirname(__file__), "..", "model_cards", name)
+    folder = os.path.join(MODEL_CARDS, name)
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
         target = json.load(f)["target_model"]
     with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
