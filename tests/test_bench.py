@@ -220,8 +220,8 @@ class _Tok:
 
 def test_bench_journal_resumes_where_it_stopped_and_assisted_uses_the_assistant(tmp_path, monkeypatch):
     """Each finished prompt is journaled; a second bench with the same settings measures only what is missing and
-    reports the same runs; other settings are refused. `assisted` / `assisted_<n>` run transformers' assisted
-    decoding with the separate assistant model, exact in fp32."""
+    reports the same runs; other settings, or another CPU, are refused. `assisted` / `assisted_<n>` run
+    transformers' assisted decoding with the separate assistant model, exact in fp32."""
     from conftest import tiny_model
 
     from hf_eagle2 import EagleDraftModel
@@ -250,6 +250,9 @@ def test_bench_journal_resumes_where_it_stopped_and_assisted_uses_the_assistant(
         assert (a["runs"], a["new_tokens"], a["mismatches"]) == (b["runs"], b["new_tokens"], b["mismatches"]), m
     with pytest.raises(ValueError, match="other settings \\(max_new_tokens\\)"):
         bench.run_bench(model, _Tok(), draft, journal=str(journal), **(kwargs | {"max_new_tokens": 8}))
+    monkeypatch.setattr(bench, "cpu_name", lambda: "Another CPU (family 6, model 143)")
+    with pytest.raises(ValueError, match="other settings \\(cpu\\)"):  # its figures would not compare
+        bench.run_bench(model, _Tok(), draft, journal=str(journal), **kwargs)
     with pytest.raises(ValueError, match="give --assistant"):
         bench.run_bench(model, _Tok(), draft, **(kwargs | {"assistant": None}))
 

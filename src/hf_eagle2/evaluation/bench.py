@@ -218,7 +218,8 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
 
     journal: a JSON-lines file that gets one line per finished prompt (every method's run), so a bench of hours
     resumes where it stopped: prompts already in it (written with the same `settings`) are not run again, and
-    their runs count in the results as if measured now. Another bench's journal is refused."""
+    their runs count in the results as if measured now. Another bench's journal is refused, and so is one written on
+    another CPU (`cpu_name`): its figures do not compare."""
     if threads:
         torch.set_num_threads(threads)
     if kernels not in ("fast", "stock"):
@@ -235,7 +236,7 @@ def run_bench(model, tokenizer, draft, *, datasets=("mtbench",), methods=DEFAULT
     try:
         done = Journal(journal, {"datasets": list(datasets), "methods": methods, "limit": limit,
                                  "max_new_tokens": max_new_tokens, "tree_params": tree_params, "kernels": kernels,
-                                 "second_turn": second_turn} | dict(settings or {}))  # fmt: skip
+                                 "second_turn": second_turn, "cpu": cpu_name()} | dict(settings or {}))  # fmt: skip
         return _run_bench(model, tokenizer, draft, datasets, methods, limit, max_new_tokens, tree_params, progress,
                           second_turn, kernels, peers, assistant, done)  # fmt: skip
     finally:
@@ -397,21 +398,34 @@ def summarize(runs: dict[str, list[Run]], datasets, methods, tree_params, max_ne
     }
 
 
+def cpu_name() -> str:
+    """The CPU, as figures must name it: /proc/cpuinfo's model name with its family and model numbers, which tell
+    CPUs apart where a virtual machine reports only "AMD EPYC" (family 25: Zen 3/4, 26: Zen 5)."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if not line.strip():
+                    break  # the first processor is enough
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
+
+
 def machine_meta() -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
     except Exception:  # noqa: BLE001 - not a git checkout
         commit = ""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "commit": commit,
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
