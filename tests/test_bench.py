@@ -240,8 +240,15 @@ def test_bench_journal_resumes_where_it_stopped_and_assisted_uses_the_assistant(
     first = bench.run_bench(model, _Tok(), draft, journal=str(journal), **kwargs)
     assert first["all_identical"] and first["results"]["mtbench"]["assisted_3"]["runs"] == 4  # 2 questions x 2 turns
     assert len(journal.read_text().splitlines()) == 1 + 4
+    report = bench.journal_report(str(journal))  # read back without a model: the same figures
+    assert report["meta"]["prompts"] == {"mtbench": 4} and report["meta"]["cpu"] == bench.cpu_name()
+    for m in methods:
+        a, b = first["results"]["mtbench"][m], report["results"]["mtbench"][m]
+        keys = ("runs", "new_tokens", "tau", "speedup_median")
+        assert [a[k] for k in keys] == [b[k] for k in keys], m
     lines = journal.read_text().splitlines()
     journal.write_text("\n".join(lines[:3]) + "\n")  # as if stopped after two prompts
+    assert bench.journal_report(str(journal))["results"]["mtbench"]["eagle2"]["runs"] == 2
     measured.clear()
     again = bench.run_bench(model, _Tok(), draft, journal=str(journal), **kwargs)
     assert len(measured) == len(methods) * (1 + 2)  # warm-up, then only the two missing prompts

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -41,6 +40,7 @@ from ..engine.drafter import DEFAULT_CPU_NGRAM
 from .evaluate import chat_input_ids, follow_up_chat, load_prompts
 from .vllm_peer import VLLM_METHODS, VllmOptions, close_peers, start_peers
 from ..engine.stats import tau_of
+from ..kernels.cpu import cpu_name
 
 # name -> generate kwargs; FIXED marks the methods that get the fixed tree of `tree_params` (m, depth, k)
 TREE_METHODS = {
@@ -272,6 +272,28 @@ class Journal:
             f.write(json.dumps({"key": key, "runs": {m: asdict(r) for m, r in runs.items()}, "answer": answer}) + "\n")
 
 
+def journal_report(path: str) -> dict:
+    """A bench's results as its journal stands (finished prompts only), without loading a model: the dict `run_bench`
+    returns, its meta naming the journal's CPU, threads and last write, and `prompts` measured per dataset."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no bench journal there (a bench run with --out writes <out>.journal.jsonl)")
+    with open(path, encoding="utf-8") as f:
+        settings = json.loads(f.readline())["settings"]
+    journal = Journal(path, settings)
+    runs: dict[str, list[Run]] = {}
+    for key, done in journal.done.items():
+        for m, run in done["runs"].items():
+            runs.setdefault(f"{key.split('/', 1)[0]}/{m}", []).append(run)
+    datasets = [ds for ds in settings["datasets"] if any(k.startswith(f"{ds}/") for k in journal.done)]
+    exact = settings.get("dtype", "float32") in ("float32", "fp32")
+    results = summarize(runs, datasets, settings["methods"], settings["tree_params"], settings["max_new_tokens"], exact)
+    results["meta"].update(
+        date=time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(os.path.getmtime(path))), cpu=settings.get("cpu"),
+        threads=settings.get("threads"), kernels=settings["kernels"], dtype=settings.get("dtype", "float32"),
+        journal=path, prompts={ds: sum(k.startswith(f"{ds}/") for k in journal.done) for ds in datasets})  # fmt: skip
+    return results
+
+
 def _run_bench(model, tokenizer, draft, datasets, methods, limit, max_new_tokens, tree_params, progress, second_turn,
                kernels, peers, assistant=None, journal: Journal | None = None) -> dict:  # fmt: skip
     journal = journal or Journal(None, {})
@@ -396,25 +418,6 @@ def summarize(runs: dict[str, list[Run]], datasets, methods, tree_params, max_ne
         "results": table,
         "all_identical": all(v["mismatches"] == 0 for ds in table.values() for m, v in ds.items() if m not in VLLM_METHODS),
     }
-
-
-def cpu_name() -> str:
-    """The CPU, as figures must name it: /proc/cpuinfo's model name with its family and model numbers, which tell
-    CPUs apart where a virtual machine reports only "AMD EPYC" (family 25: Zen 3/4, 26: Zen 5)."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if not line.strip():
-                    break  # the first processor is enough
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    name = fields.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in fields and "model" in fields:
-        name += f" (family {fields['cpu family']}, model {fields['model']})"
-    return name
 
 
 def machine_meta() -> dict:

@@ -184,8 +184,7 @@ ROWS_PROBED = (1, 2, 4, 8, 16, 32)
 def kernel_crossover(dtype: torch.dtype, shapes: list[tuple[int, int]], refresh: bool = False) -> int:
     """The smallest M of ROWS_PROBED from which oneDNN-packed beats F.linear at every larger probed M, on
     `shapes` (N, K) in `dtype`; NEVER if it never does. Cached per CPU, torch version, threads, dtype, shapes."""
-    cpu_name = _cpu_name()
-    key = f"{cpu_name}|{torch.__version__}|{torch.get_num_threads()}|{dtype}|{shapes}"
+    key = f"{cpu_name()}|{torch.__version__}|{torch.get_num_threads()}|{dtype}|{shapes}"
     path = os.path.join(cache_root(), "kernels", f"{abs(hash_str(key)):016x}.json")
     if os.path.exists(path) and not refresh:
         with open(path) as f:
@@ -238,9 +237,20 @@ def hash_str(text: str) -> int:
     return int(hashlib.sha1(text.encode()).hexdigest()[:15], 16)
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU, as caches and figures must name it: /proc/cpuinfo's model name with its family and model numbers,
+    which tell CPUs apart where a virtual machine reports only "AMD EPYC" (family 25: Zen 3/4, 26: Zen 5)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.machine())
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
-        return platform.processor() or platform.machine()
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
