@@ -72,16 +72,14 @@ def measure_cost(model, draft, top_k: int, prefix_len: int = 256, repeats: int =
     from .target import TargetModel
     from .tree import DraftTree, _ancestors_from_parents
 
-    from ..kernels.cpu import cpu_name, min_rows_of
+    from ..kernels.cpu import device_name, min_rows_of
 
     target = TargetModel(model)
     tc = target.config
     kernels = sorted((str(k), v) for k, v in min_rows_of(model).items())
-    kind = target.device.type
-    where = cpu_name() if kind == "cpu" else torch.cuda.get_device_name(target.device) if kind == "cuda" else kind
     key = _key(type(model).__name__, tc.hidden_size, tc.num_hidden_layers, tc.vocab_size, target.device, target.dtype,
                torch.get_num_threads(), top_k, draft.draft_vocab_size, prefix_len, kernels, tuple(points),
-               where)  # fmt: skip
+               device_name(target.device))  # fmt: skip
     path = _cache_file("cost", key)
     if os.path.exists(path) and not refresh:
         with open(path) as f:

@@ -31,6 +31,7 @@ import re
 import statistics
 import subprocess
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -284,13 +285,14 @@ def journal_report(path: str) -> dict:
     for key, done in journal.done.items():
         for m, run in done["runs"].items():
             runs.setdefault(f"{key.split('/', 1)[0]}/{m}", []).append(run)
-    datasets = [ds for ds in settings["datasets"] if any(k.startswith(f"{ds}/") for k in journal.done)]
+    prompts = Counter(key.split("/", 1)[0] for key in journal.done)  # keys: dataset/prompt id/turn
+    datasets = [ds for ds in settings["datasets"] if prompts[ds]]
     exact = settings.get("dtype", "float32") in ("float32", "fp32")
     results = summarize(runs, datasets, settings["methods"], settings["tree_params"], settings["max_new_tokens"], exact)
     results["meta"].update(
         date=time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(os.path.getmtime(path))), cpu=settings.get("cpu"),
         threads=settings.get("threads"), kernels=settings["kernels"], dtype=settings.get("dtype", "float32"),
-        journal=path, prompts={ds: sum(k.startswith(f"{ds}/") for k in journal.done) for ds in datasets})  # fmt: skip
+        journal=path, prompts={ds: prompts[ds] for ds in datasets})  # fmt: skip
     return results
 
 

@@ -237,6 +237,7 @@ def hash_str(text: str) -> int:
     return int(hashlib.sha1(text.encode()).hexdigest()[:15], 16)
 
 
+@functools.cache  # read once a process: it is part of every cost-curve cache key, looked up on each generate call
 def cpu_name() -> str:
     """The CPU, as caches and figures must name it: /proc/cpuinfo's model name with its family and model numbers,
     which tell CPUs apart where a virtual machine reports only "AMD EPYC" (family 25: Zen 3/4, 26: Zen 5)."""
@@ -254,3 +255,9 @@ def cpu_name() -> str:
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']}, model {fields['model']})"
     return name
+
+
+def device_name(device) -> str:
+    """The device a record or cache key names: a CUDA GPU's name, else the host CPU's `cpu_name`."""
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..heads.configuration_eagle import official_feature_ids
-from ..kernels.cpu import cpu_name
+from ..kernels.cpu import device_name
 from ..kernels.reserved_cache import DEFAULT_RESERVE, ReservedLayer, concat_rows, reserved_cache
 from ..engine.target import causal_lm_forward, hidden_states_request, select_features
 from .data import Conversation, iter_sharegpt, render_with_loss_mask
@@ -280,8 +280,7 @@ def answered_rows(sequences: torch.Tensor, prompts: list[list[int]], max_new_tok
 def device_description(model) -> str:
     """Where answers are written, for a folder's or archive's record: device, torch and transformers versions."""
     device = model.get_output_embeddings().weight.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    return f"{device.type}: {name}; torch {torch.__version__}; transformers {transformers.__version__}"
+    return f"{device.type}: {device_name(device)}; torch {torch.__version__}; transformers {transformers.__version__}"
 
 
 def pad_and_eos_ids(model, tokenizer) -> tuple[int, list[int]]:
